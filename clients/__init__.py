@@ -1,0 +1,1 @@
+"""Client side of each algorithm: one NumPyClient subclass per paper / baseline."""

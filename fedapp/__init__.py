@@ -1,0 +1,1 @@
+"""Flower app and shared library for the privacy-preserving / communication-efficient FL algorithms."""

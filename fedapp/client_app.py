@@ -1,0 +1,69 @@
+"""ClientApp: route each Flower Message to the configured algorithm's NumPyClient.
+
+    train            -> client.fit(parameters, config)
+    evaluate         -> client.evaluate(parameters, config)
+    query.whoami     -> client.get_properties(config)   (the server learns node id -> partition id)
+
+`handle` is the whole client side of one message; the in-process driver calls it with the same RecordDicts.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedapp.client_base import FedClient
+from fedapp.config import RunConfig, parse_run_config
+from fedapp.registry import ALGORITHMS
+from fedapp.wire import reply_content
+
+app = ClientApp()
+
+
+@lru_cache(maxsize=8)
+def _parse(items: tuple[tuple[str, object], ...]) -> RunConfig:
+    return parse_run_config(dict(items))
+
+
+def make_client(context: Context) -> FedClient:
+    """The algorithm's NumPyClient for this node, built from the run config and the node's context."""
+    cfg = _parse(tuple(sorted(context.run_config.items())))
+    return ALGORITHMS[cfg.algorithm].client_cls()(context, cfg)
+
+
+def handle(message_type: str, content: RecordDict, context: Context) -> RecordDict:
+    """Answer one message's content; exceptions become Flower error replies (the server logs them)."""
+    if message_type == "query.whoami":  # answered from node_config alone: no need to load data
+        nc = context.node_config
+        info = {"partition-id": int(nc["partition-id"]), "num-partitions": int(nc["num-partitions"])}
+        return RecordDict({"info": ConfigRecord(info)})
+    client = make_client(context)
+    config = dict(content.config_records["config"]) if "config" in content.config_records else {}
+    params = content.array_records["arrays"].to_numpy_ndarrays()
+    if message_type == "train":
+        arrays, n, metrics = client.fit(params, config)
+        return reply_content(arrays, n, metrics)
+    if message_type == "evaluate":
+        loss, n, metrics = client.evaluate(params, config)
+        return RecordDict({"metrics": MetricRecord({**metrics, "loss": loss, "num-examples": n})})
+    raise ValueError(f"unsupported message type {message_type!r}")
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training round."""
+    return Message(handle("train", msg.content, context), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Federated evaluation of a dense model on the local partition."""
+    return Message(handle("evaluate", msg.content, context), reply_to=msg)
+
+
+@app.query("whoami")
+def whoami(msg: Message, context: Context) -> Message:
+    """Report partition-id / num-partitions."""
+    return Message(handle("query.whoami", msg.content, context), reply_to=msg)

@@ -1,0 +1,108 @@
+"""Sparsifiers of BSDP-FedPDM: top-k and rand-k index selection (Definition 3, eqs. 16-18 and 27).
+
+Li, Huang, Wang, Chi, Quek, arXiv 2310.19558. The functions return index sets only; the values are gathered by the
+caller (``y[idx]``), and no d/k rescaling is applied because the server's element-wise mean (20)/(23) handles the
+missing coordinates. Indices are always returned in ascending order: the Gaussian noise (19) is then added to the
+values in index order, so that k = d draws exactly the same noise per coordinate as the dense path (spec 10.12).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["rand_k", "resolve_k", "top_k"]
+
+# Guards floor(alpha*d) against alpha*d landing just below an integer in floating point (spec A17).
+_ROUNDING_SLACK = 1e-9
+
+
+def resolve_k(alpha: float, d: int) -> int:
+    """Number of kept entries, ``k = max(1, floor(alpha * d + 1e-9))`` (spec section 5, A17).
+
+    Parameters
+    ----------
+    alpha
+        Compression ratio alpha_U or alpha_D, in (0, 1].
+    d
+        Vector dimension (>= 1).
+
+    Returns
+    -------
+    int
+        k in [1, d].
+    """
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+        raise ValueError(f"d must be an integer >= 1, got {d!r}")
+    if not (0.0 < alpha <= 1.0):
+        raise ValueError(f"alpha must lie in (0, 1], got {alpha!r}")
+    return max(1, math.floor(alpha * d + _ROUNDING_SLACK))
+
+
+def _check_k(k: int, d: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not (1 <= k <= d):
+        raise ValueError(f"k must be an integer in [1, d={d}], got {k!r}")
+
+
+def top_k(y: NDArray[Any], k: int) -> NDArray[np.int64]:
+    """Indices of the k entries of largest magnitude, ``I(top_k(y))`` (eqs. 16a, 17a, 27).
+
+    Ties in |y_j| are broken by taking the lower index first (spec A17), so the result is deterministic. The
+    k-th largest magnitude is found with ``np.argpartition`` (O(d)); every entry strictly above it is kept, and the
+    remaining slots go to the lowest-indexed entries equal to it. This equals a full sort by (-|y_j|, j).
+
+    Parameters
+    ----------
+    y
+        1-D real vector with finite entries.
+    k
+        Number of entries to keep, 1 <= k <= len(y).
+
+    Returns
+    -------
+    NDArray[np.int64]
+        k distinct indices in ascending order.
+    """
+    vec = np.asarray(y)
+    if vec.ndim != 1:
+        raise ValueError(f"y must be 1-D, got shape {vec.shape}")
+    d = vec.shape[0]
+    _check_k(k, d)
+    mag = np.abs(vec.astype(np.float64, copy=False))
+    if not np.all(np.isfinite(mag)):
+        raise ValueError("y contains NaN or Inf; top_k needs finite magnitudes to rank")
+    if k == d:
+        return np.arange(d, dtype=np.int64)
+    pivot = d - k
+    kth = mag[np.argpartition(mag, pivot)[pivot]]  # the k-th largest magnitude
+    above = np.flatnonzero(mag > kth)
+    ties = np.flatnonzero(mag == kth)[: k - above.size]  # flatnonzero is ascending: lower index first
+    return np.union1d(above, ties).astype(np.int64, copy=False)
+
+
+def rand_k(d: int, k: int, rng: np.random.Generator) -> NDArray[np.int64]:
+    """k distinct indices drawn uniformly without replacement, ``I(rand_k(y))`` (eqs. 16b, 17b).
+
+    The choice does not depend on the data, so the paper's sensitivity argument covers it (spec 4.3).
+
+    Parameters
+    ----------
+    d
+        Vector dimension (>= 1).
+    k
+        Number of indices, 1 <= k <= d.
+    rng
+        Seeded generator, fresh per client and round.
+
+    Returns
+    -------
+    NDArray[np.int64]
+        k distinct indices in ascending order.
+    """
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+        raise ValueError(f"d must be an integer >= 1, got {d!r}")
+    _check_k(k, d)
+    return np.sort(rng.choice(d, size=k, replace=False)).astype(np.int64, copy=False)

@@ -1,0 +1,68 @@
+"""Build a run's strategy from the registry and turn its history into results.json + plot + summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from fedapp.config import RunConfig
+from fedapp.registry import ALGORITHMS
+from fedapp.results import build_results, write_results
+from fedapp.strategy_base import FederatedStrategy
+from fedapp.task import Evaluator
+
+
+def build_strategy(cfg: RunConfig, *, evaluate: bool = True) -> FederatedStrategy:
+    """The configured algorithm's Strategy with central evaluation on the test set."""
+    spec = ALGORITHMS[cfg.algorithm]
+    return spec.strategy_cls()(cfg, Evaluator(cfg) if evaluate else None)
+
+
+def default_out_dir(cfg: RunConfig) -> Path:
+    """outputs/<algorithm>-<dataset>-<timestamp> under the current directory when out-dir is empty."""
+    return Path("outputs") / f"{cfg.algorithm}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def finish(cfg: RunConfig, strategy: FederatedStrategy, engine: str, *, wall_s: float, out_dir: str | None = None) -> tuple[dict[str, Any], Path]:
+    """Write results.json and accuracy.png; return the document and the json path."""
+    hist = strategy.history
+    accs = [r.test_accuracy for r in hist if r.test_accuracy is not None]
+    summary = {
+        "final_test_accuracy": accs[-1] if accs else None,
+        "best_test_accuracy": max(accs) if accs else None,
+        "total_uplink_bytes": sum(r.uplink_bytes for r in hist),
+        "total_downlink_bytes": sum(r.downlink_bytes for r in hist),
+        "rejected_replies": strategy.rejected_total,
+        "wall_s": wall_s,
+        "privacy": strategy.privacy_summary(),
+        "privacy_accountants": {
+            "eps_eq36": "paper eq. (36) (moments-accountant bound, constant c0), worst client",
+            "eps_rdp": "Renyi-DP composition of the per-round Gaussian mechanisms (Opacus RDP analysis), no subsampling amplification, worst client",
+            "eps_basic": "basic composition: sum of per-round epsilons, delta_basic = participations * delta, worst client",
+        },
+    }
+    doc = build_results(
+        algorithm=cfg.algorithm, dataset=cfg.dataset, config=ALGORITHMS[cfg.algorithm].used_config(cfg),
+        seed=cfg.seed, rounds=hist, engine=engine, summary=summary,
+    )
+    path = write_results(doc, out_dir or cfg.out_dir or default_out_dir(cfg))
+    return doc, path
+
+
+def summary_lines(doc: dict[str, Any], path: Path) -> list[str]:
+    """Human-readable end-of-run summary."""
+    s = doc.get("summary", {})
+    acc = s.get("final_test_accuracy")
+    lines = [
+        f"algorithm={doc['algorithm']} dataset={doc['dataset']} engine={doc['engine']} rounds={len(doc['rounds'])}",
+        f"final test accuracy: {acc:.4f} (best {s.get('best_test_accuracy'):.4f})" if acc is not None else "no evaluation",
+        f"bytes: uplink {s.get('total_uplink_bytes', 0) / 1e6:.2f} MB, downlink {s.get('total_downlink_bytes', 0) / 1e6:.2f} MB",
+    ]
+    priv = s.get("privacy") or {}
+    if priv:
+        lines.append("privacy (worst client): " + ", ".join(f"{k}={v:.4g}" for k, v in priv.items()))
+    if s.get("rejected_replies"):
+        lines.append(f"rejected replies: {s['rejected_replies']}")
+    lines.append(f"results: {path} (plot: {path.parent / 'accuracy.png'})")
+    return lines

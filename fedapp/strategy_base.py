@@ -1,0 +1,269 @@
+"""Round engine shared by our Message-API strategies.
+
+A subclass supplies the algorithm's server side (initial model, per-client payload, decoding and
+aggregation); this base does what every algorithm needs the same way: learning which node holds which partition
+(`query.whoami`), seeded client sampling, message construction, rejection of malformed replies (logged with the
+node id; the round goes on with the rest), byte counting from the serialized records, central evaluation,
+privacy bookkeeping and the per-round history that becomes results.json.
+
+The in-process driver (simulations/inprocess.py) calls `train_contents` / `consume_replies` / `evaluate_round`
+directly with the same RecordDicts, so both drivers run the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import abstractmethod
+from collections.abc import Iterable, Sequence
+from logging import ERROR, INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from numpy.typing import NDArray
+
+from fedapp.compression.codec import MalformedPayload
+from fedapp.config import RunConfig
+from fedapp.models.base import FloatArray
+from fedapp.results import RoundRecord
+from fedapp.sampling import select_clients
+from fedapp.task import Evaluator
+from fedapp.wire import recorddict_nbytes, train_content
+
+Scalar = int | float | str | bool
+WHOAMI = "query.whoami"
+
+
+class FederationError(RuntimeError):
+    """The connected nodes do not form the federation the run config asks for."""
+
+
+class FederatedStrategy(Strategy):
+    """Base of our server-side algorithms (Flower Message API).
+
+    Parameters
+    ----------
+    cfg
+        The validated run config (num-clients N, clients-per-round K, seed, ...).
+    evaluator
+        Central test-set evaluation; None skips it.
+    """
+
+    #: privacy metric keys a client may report, reduced as max over clients of the latest cumulative value
+    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
+
+    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
+        self.cfg = cfg
+        self.evaluator = evaluator
+        self.node_of: dict[int, int] = {}  # partition id -> node id
+        self.pid_of: dict[int, int] = {}  # node id -> partition id
+        self.history: list[RoundRecord] = []
+        self.privacy: dict[int, dict[str, float]] = {}
+        self.rejected_total = 0
+        self._acc: dict[str, Any] = {}
+        self.x: FloatArray = self.initial_model()
+
+    # ------------------------------------------------------------------ algorithm hooks
+    @abstractmethod
+    def initial_model(self) -> FloatArray:
+        """x_0^0."""
+
+    @abstractmethod
+    def client_payload(self, server_round: int, partition_id: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
+        """Arrays and config sent to one sampled client this round."""
+
+    @abstractmethod
+    def decode_update(self, server_round: int, partition_id: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
+        """Validate and decode one reply; raise MalformedPayload (a ValueError) to reject it."""
+
+    @abstractmethod
+    def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
+        """Update the server state from the accepted updates; return diagnostics for the round record."""
+
+    def global_model(self) -> FloatArray:
+        """The model evaluated centrally (the dense server model)."""
+        return self.x
+
+    # ------------------------------------------------------------------ federation membership
+    def attach(self, node_of: dict[int, int]) -> None:
+        """Set the partition-id -> node-id map (the in-process driver uses node id = partition id)."""
+        n = self.cfg.num_clients
+        if sorted(node_of) != list(range(n)):
+            raise FederationError(f"partition ids {sorted(node_of)} are not exactly 0..{n - 1} (num-clients={n})")
+        self.node_of = dict(node_of)
+        self.pid_of = {v: k for k, v in node_of.items()}
+
+    def connect(self, grid: Grid) -> None:
+        """Wait for num-clients nodes, then ask each its partition id (node ids are opaque to the server)."""
+        n = self.cfg.num_clients
+        simulated = type(grid).__name__ == "InMemoryGrid"
+        deadline = time.time() + (5.0 if simulated else self.cfg.node_wait_s)
+        while len(ids := list(grid.get_node_ids())) < n:
+            if time.time() > deadline:
+                hint = (
+                    f"pass --federation-config \"num-supernodes={n}\" to flwr run"
+                    if simulated
+                    else f"start {n} SuperNodes with --node-config \"partition-id=<i> num-partitions={n}\""
+                )
+                raise FederationError(f"run config num-clients={n} but only {len(ids)} nodes are connected: {hint}")
+            time.sleep(1.0)
+        msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI) for nid in ids]
+        node_of: dict[int, int] = {}
+        for reply in grid.send_and_receive(msgs, timeout=self.cfg.node_wait_s):
+            nid = reply.metadata.src_node_id
+            if reply.has_error():
+                raise FederationError(f"node {nid} failed to report its partition: {reply.error.reason}")
+            info = reply.content["info"]
+            pid, parts = int(info["partition-id"]), int(info["num-partitions"])
+            if parts != n:
+                raise FederationError(f"node {nid} has num-partitions={parts} but the run config has num-clients={n}")
+            if pid in node_of:
+                raise FederationError(f"nodes {node_of[pid]} and {nid} both claim partition-id={pid}")
+            node_of[pid] = nid
+        self.attach(node_of)
+        log(INFO, "%d nodes mapped to partitions 0..%d", len(node_of), n - 1)
+
+    # ------------------------------------------------------------------ one round, engine-independent
+    def participants(self, server_round: int) -> list[int]:
+        """S_t for this round (seeded; identical in every driver)."""
+        c = self.cfg
+        return select_clients(server_round, c.num_clients, c.clients_per_round, c.seed, first_round_all=c.first_round_all)
+
+    def train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
+        """(node id, content) of every train message of the round; counts downlink bytes."""
+        self._acc = {"t0": time.perf_counter(), "down": 0, "up": 0, "rejected": 0, "sent": 0}
+        out = []
+        for pid in self.participants(server_round):
+            arrays, config = self.client_payload(server_round, pid)
+            content = train_content(arrays, {**config, "server-round": server_round})
+            self._acc["down"] += recorddict_nbytes(content)
+            out.append((self.node_of[pid], content))
+        self._acc["sent"] = len(out)
+        return out
+
+    def _reject(self, server_round: int, node_id: int, why: str) -> None:
+        self._acc["rejected"] += 1
+        self.rejected_total += 1
+        log(WARNING, "round %d: rejected reply from node %s: %s", server_round, node_id, why)
+
+    def consume_replies(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> MetricRecord:
+        """Validate, decode and aggregate the replies; a bad reply is logged and skipped, never fatal."""
+        updates: dict[int, Any] = {}
+        metrics: dict[int, dict[str, Any]] = {}
+        for node_id, content in replies:
+            if isinstance(content, str):
+                self._reject(server_round, node_id, f"client error: {content}")
+                continue
+            pid = self.pid_of.get(node_id)
+            if pid is None:
+                self._reject(server_round, node_id, "unknown node")
+                continue
+            if pid in updates:
+                self._reject(server_round, node_id, "duplicate reply")
+                continue
+            self._acc["up"] += recorddict_nbytes(content)
+            try:
+                if "arrays" not in content.array_records or "metrics" not in content.metric_records:
+                    raise MalformedPayload("reply must carry an ArrayRecord 'arrays' and a MetricRecord 'metrics'")
+                arrays = content.array_records["arrays"].to_numpy_ndarrays()
+                m = dict(content.metric_records["metrics"])
+                bad = [k for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)]
+                if bad:
+                    raise MalformedPayload(f"non-finite metric(s) {bad}")
+                updates[pid] = self.decode_update(server_round, pid, arrays, m)
+                metrics[pid] = m
+            except (MalformedPayload, ValueError, KeyError, TypeError) as err:
+                self._reject(server_round, node_id, str(err))
+        missing = self._acc["sent"] - len(replies)
+        if missing > 0:
+            log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)
+        diag: dict[str, float] = {}
+        if updates:
+            diag = self.aggregate(server_round, updates, metrics)
+        else:
+            log(ERROR, "round %d: no valid reply; the global model is unchanged", server_round)
+        for pid, m in metrics.items():
+            priv = {k: float(m[k]) for k in self.PRIVACY_KEYS if k in m}
+            if priv:
+                self.privacy[pid] = priv
+        self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}
+        return MetricRecord({k: float(v) for k, v in self._acc["diag"].items()})
+
+    def privacy_summary(self) -> dict[str, float]:
+        """Worst client (max) of each accountant's cumulative epsilon so far."""
+        out: dict[str, float] = {}
+        for key in self.PRIVACY_KEYS:
+            vals = [p[key] for p in self.privacy.values() if key in p]
+            if vals:
+                out[key] = max(vals)
+        return out
+
+    def evaluate_round(self, server_round: int) -> RoundRecord:
+        """Central evaluation + the round's record (appended to `history`) + one progress line."""
+        c = self.cfg
+        rec = RoundRecord(round=server_round)
+        if self.evaluator is not None and (server_round % c.eval_every == 0 or server_round == c.num_server_rounds):
+            ev = self.evaluator(self.global_model())
+            rec.test_accuracy, rec.test_loss = ev.accuracy, ev.loss
+            rec.extra["nnz"] = ev.nnz
+        priv = self.privacy_summary()
+        if c.dp and "eps_eq36" in priv:
+            rec.epsilon, rec.delta = priv["eps_eq36"], c.delta
+        rec.uplink_bytes, rec.downlink_bytes = int(self._acc.get("up", 0)), int(self._acc.get("down", 0))
+        rec.wall_s = time.perf_counter() - float(self._acc.get("t0", time.perf_counter()))
+        rec.extra.update(self._acc.get("diag", {}))
+        rec.extra.update({f"privacy_{k}": v for k, v in priv.items()})
+        self.history.append(rec)
+        acc = "n/a" if rec.test_accuracy is None else f"{rec.test_accuracy:.4f}"
+        eps = "" if rec.epsilon is None else f" eps(36)={rec.epsilon:.3g}"
+        log(
+            INFO,
+            "[round %d/%d] test_acc=%s%s clients=%d rejected=%d up=%.1fkB down=%.1fkB %.2fs",
+            server_round, c.num_server_rounds, acc, eps, int(rec.extra.get("clients", 0)),
+            int(rec.extra.get("rejected", 0)), rec.uplink_bytes / 1e3, rec.downlink_bytes / 1e3, rec.wall_s,
+        )
+        return rec
+
+    # ------------------------------------------------------------------ Flower Message API
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """Send each sampled client its own payload (one exchange per round)."""
+        if not self.node_of:
+            self.connect(grid)
+        return [
+            Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
+            for node, content in self.train_contents(server_round)
+        ]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Decode and aggregate; the returned ArrayRecord is the float32 global model."""
+        items: list[tuple[int, RecordDict | str]] = [
+            (r.metadata.src_node_id, r.error.reason if r.has_error() else r.content) for r in replies
+        ]
+        metrics = self.consume_replies(server_round, items)
+        return ArrayRecord([self.global_model().astype(np.float32)]), metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """No federated evaluation: the server evaluates the global model centrally (spec 6.5)."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate (see configure_evaluate)."""
+        return None
+
+    def summary(self) -> None:
+        """Log the strategy's configuration."""
+        c = self.cfg
+        log(INFO, "%s: N=%d K=%d rounds=%d dataset=%s dp=%s", type(self).__name__, c.num_clients,
+            c.clients_per_round, c.num_server_rounds, c.dataset, c.dp)
+
+    def evaluate_fn(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """`Strategy.start(evaluate_fn=...)` hook: records every round after round 0."""
+        if server_round == 0:
+            return None
+        rec = self.evaluate_round(server_round)
+        out = {"test_accuracy": rec.test_accuracy, "test_loss": rec.test_loss}
+        return MetricRecord({k: float(v) for k, v in out.items() if v is not None})

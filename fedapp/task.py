@@ -1,0 +1,63 @@
+"""What a run trains on: the client's data partition, the model, and the server's central evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedapp.config import RunConfig
+from fedapp.data import ArrayDataset, DatasetInfo, load_dataset, load_partition
+from fedapp.models import LinearModel, make_model
+from fedapp.models.base import FloatArray
+
+
+def dataset_info(cfg: RunConfig) -> DatasetInfo:
+    """Shape information (classes, features) of the configured dataset."""
+    return load_dataset(cfg.dataset, source=cfg.data_source)[2]
+
+
+def client_dataset(cfg: RunConfig, partition_id: int, num_partitions: int) -> ArrayDataset:
+    """The partition a client trains on, rebuilt deterministically from (dataset, partitioner, seed)."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    return load_partition(
+        cfg.dataset,
+        cfg.partitioner,
+        partition_id,
+        num_partitions,
+        cfg.seed,
+        source=cfg.data_source,
+        labels_per_client=cfg.labels_per_client,
+        samples_per_client=cfg.samples_per_client or None,
+        dirichlet_alpha=cfg.dirichlet_alpha,
+    )
+
+
+def build_model(cfg: RunConfig, info: DatasetInfo | None = None) -> LinearModel:
+    """The numpy model of the run; beta is the non-convexity weight of (41) (or the l2 weight of softmax)."""
+    info = info or dataset_info(cfg)
+    return make_model(cfg.model, info.num_classes, info.num_features, beta=cfg.beta)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Central evaluation of one global model on the test set."""
+
+    accuracy: float
+    loss: float
+    nnz: int
+
+
+class Evaluator:
+    """Central test-set evaluation on the server (spec 6.5: accuracy of the global model, test loss, nnz)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        _, test, info = load_dataset(cfg.dataset, source=cfg.data_source)
+        self.test = test
+        self.model = build_model(cfg, info)
+
+    def __call__(self, x: FloatArray) -> Evaluation:
+        acc = self.model.accuracy(x, self.test.x, self.test.y)
+        loss = self.model.loss(x, self.test.x, self.test.y)
+        return Evaluation(accuracy=acc, loss=loss, nnz=int(np.count_nonzero(x)))

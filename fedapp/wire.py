@@ -1,0 +1,33 @@
+"""Bytes on the wire, counted from the serialized Flower records (not computed from k).
+
+Flower's deployment transport ships a Message's RecordDict as protobuf; we count the protobuf size of the
+content (arrays, config and metrics records) each message carries. Simulation pickles the same records, so the
+same number is reported for every engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common.serde import recorddict_to_proto
+from numpy.typing import NDArray
+
+
+def recorddict_nbytes(content: RecordDict) -> int:
+    """Serialized (protobuf) size in bytes of a message's content."""
+    return int(recorddict_to_proto(content).ByteSize())
+
+
+def array_record(arrays: list[NDArray[np.generic]]) -> ArrayRecord:
+    """ArrayRecord from a list of numpy arrays (keys "0", "1", ... as in Flower's NumPyClient bridge)."""
+    return ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+
+
+def train_content(arrays: list[NDArray[np.generic]], config: dict[str, int | float | str | bool]) -> RecordDict:
+    """The {"arrays", "config"} content Flower's built-in strategies also send."""
+    return RecordDict({"arrays": array_record(arrays), "config": ConfigRecord(dict(config))})
+
+
+def reply_content(arrays: list[NDArray[np.generic]], num_examples: int, metrics: dict[str, int | float]) -> RecordDict:
+    """The {"arrays", "metrics"} reply; "num-examples" is Flower's weighting key."""
+    return RecordDict({"arrays": array_record(arrays), "metrics": MetricRecord({**metrics, "num-examples": int(num_examples)})})

@@ -1,0 +1,1 @@
+"""Experiment drivers, paper-figure definitions, sweeps and benchmarks."""

@@ -1,0 +1,102 @@
+"""Run one configuration through Flower itself (`flwr run`), simulation or deployment, and check it completed.
+
+`flwr run --stream` exits 0 even when the run failed, so we submit with `--format json`, stream the logs with
+`flwr log`, and then read the run's status with `flwr list --run-id`; anything but `finished:completed` raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class FlowerRunError(RuntimeError):
+    """A `flwr` command failed or the run did not finish as completed."""
+
+
+def flwr_env(flwr_home: Path | None = None) -> dict[str, str]:
+    """Environment for the flwr CLI: project-local FLWR_HOME, no telemetry, no runtime dependency install."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)  # flwr spawns flower-superlink from PATH
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env.setdefault("FLWR_HOME", str(flwr_home or ROOT / ".flwr"))
+    env.update({
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "RAY_DEDUP_LOGS": "0",
+    })
+    return env
+
+
+def toml_value(v: Any) -> str:
+    """A run-config value as TOML for `flwr run -c`."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return json.dumps(str(v))  # a TOML basic string
+
+
+@dataclass
+class FlowerRun:
+    """Outcome of a `flwr run`: id, final status and the results file the ServerApp wrote."""
+
+    run_id: int
+    status: str
+    details: dict[str, Any]
+    results: Path
+
+
+def _flwr(args: list[str], env: dict[str, str], *, capture: bool = True, timeout: float | None = None) -> str:
+    proc = subprocess.run(["flwr", *args], env=env, cwd=ROOT, capture_output=capture, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise FlowerRunError(f"flwr {' '.join(args)} failed ({proc.returncode}): {proc.stderr or proc.stdout}")
+    return proc.stdout or ""
+
+
+def run_flower(
+    overrides: dict[str, Any], out_dir: Path, *, num_supernodes: int | None = None, connection: str | None = None,
+    stream: bool = True, timeout: float = 3600.0, env: dict[str, str] | None = None,
+) -> FlowerRun:
+    """Submit the app with run-config `overrides`, follow its logs, and return once it has finished.
+
+    `connection` None means the local simulation SuperLink (`flwr run .`); otherwise a connection name from
+    $FLWR_HOME/config.toml (e.g. a deployment SuperLink).
+    """
+    env = env or flwr_env()
+    out_dir = out_dir.resolve()  # the ServerApp's cwd is the SuperLink daemon's, not ours
+    cfg = {**overrides, "out-dir": str(out_dir)}
+    args = ["run", str(ROOT)] + ([connection] if connection else []) + ["--format", "json"]
+    args += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())]
+    if connection is None and num_supernodes is not None:
+        args += ["--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus=1"]
+    out = _flwr(args, env, timeout=120)
+    try:
+        submitted = json.loads(out[out.index("{"):])
+        run_id = int(submitted["run-id"])
+    except (ValueError, KeyError) as err:
+        raise FlowerRunError(f"could not read the run id from `flwr run` output: {out!r}") from err
+    log_args = ["log", str(run_id)] + ([connection] if connection else []) + ["--stream"]
+    if stream:
+        subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, timeout=timeout, check=False)
+    else:
+        subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, capture_output=True, timeout=timeout, check=False)
+    listing = json.loads(_flwr(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format", "json"], env))
+    run = listing["runs"][0]
+    status = str(run["status"])
+    result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / "results.json")
+    if not status.startswith("finished:completed"):
+        raise FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}")
+    if not result.results.exists():
+        raise FlowerRunError(f"run {run_id} completed but wrote no {result.results}")
+    return result

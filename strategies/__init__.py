@@ -1,0 +1,1 @@
+"""Server side of each algorithm: one Flower Message-API Strategy module per paper / baseline."""

