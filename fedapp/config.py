@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 Scalar = int | float | bool | str
+# kept literal (not imported from fedapp.data) so that parsing a config never imports the data stack
+DATASETS = ("mnist", "fashion-mnist", "adult", "synthetic", "synthetic-10class", "synthetic-binary")
 
 
 class ConfigError(ValueError):
@@ -52,7 +54,7 @@ class RunConfig:
     """Every hyperparameter a registered algorithm reads. Defaults are the paper's (seed 000, Section V-C)."""
 
     algorithm: str = field(default="bsdp-fedpdm", metadata=_key("algorithm", None, "registry key"))
-    dataset: str = field(default="mnist", metadata=_key("dataset", _choice("mnist", "fashion-mnist", "adult", "synthetic")))
+    dataset: str = field(default="mnist", metadata=_key("dataset", _choice(*DATASETS)))
     data_source: str = field(default="offline", metadata=_key("data-source", _choice("offline", "online")))
     partitioner: str = field(default="paper", metadata=_key("partitioner", _choice("paper", "iid", "dirichlet", "label-k")))
     model: str = field(default="l1-logistic", metadata=_key("model", _choice("l1-logistic", "multinomial")))

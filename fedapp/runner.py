@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedapp.config import RunConfig
 from fedapp.registry import ALGORITHMS
 from fedapp.results import build_results, write_results
@@ -25,7 +27,7 @@ def default_out_dir(cfg: RunConfig) -> Path:
 
 
 def finish(cfg: RunConfig, strategy: FederatedStrategy, engine: str, *, wall_s: float, out_dir: str | None = None) -> tuple[dict[str, Any], Path]:
-    """Write results.json and accuracy.png; return the document and the json path."""
+    """Write results.json, accuracy.png and model.npy; return the document and the json path."""
     hist = strategy.history
     accs = [r.test_accuracy for r in hist if r.test_accuracy is not None]
     summary = {
@@ -42,11 +44,14 @@ def finish(cfg: RunConfig, strategy: FederatedStrategy, engine: str, *, wall_s: 
             "eps_basic": "basic composition: sum of per-round epsilons, delta_basic = participations * delta, worst client",
         },
     }
+    out = Path(out_dir or cfg.out_dir or default_out_dir(cfg)).resolve()
+    config = {**ALGORITHMS[cfg.algorithm].used_config(cfg), "out-dir": str(out)}
     doc = build_results(
-        algorithm=cfg.algorithm, dataset=cfg.dataset, config=ALGORITHMS[cfg.algorithm].used_config(cfg),
-        seed=cfg.seed, rounds=hist, engine=engine, summary=summary,
+        algorithm=cfg.algorithm, dataset=cfg.dataset, config=config, seed=cfg.seed, rounds=hist, engine=engine,
+        summary=summary,
     )
-    path = write_results(doc, out_dir or cfg.out_dir or default_out_dir(cfg))
+    path = write_results(doc, out)
+    np.save(path.parent / "model.npy", strategy.global_model())  # the final global model, float64
     return doc, path
 
 

@@ -25,7 +25,8 @@ def main(grid: Grid, context: Context) -> None:
         cfg = parse_run_config(context.run_config)
     except ConfigError as err:
         log(ERROR, "invalid run config: %s", err)
-        raise SystemExit(f"invalid run config: {err}") from None
+        # An exception (not SystemExit) is what makes Flower mark the run finished:failed.
+        raise ConfigError(f"invalid run config: {err}") from None
     engine = "flower-simulation" if type(grid).__name__ == "InMemoryGrid" else "flower-deployment"
     strategy = build_strategy(cfg)
     try:
@@ -37,7 +38,7 @@ def main(grid: Grid, context: Context) -> None:
         )
     except FederationError as err:
         log(ERROR, "federation mismatch: %s", err)
-        raise SystemExit(f"federation mismatch: {err}") from None
+        raise
     doc, path = finish(cfg, strategy, engine, wall_s=time.perf_counter() - t0)
     for line in summary_lines(doc, path):
         log(INFO, "%s", line)

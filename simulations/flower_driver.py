@@ -55,6 +55,7 @@ class FlowerRun:
     status: str
     details: dict[str, Any]
     results: Path
+    log: str = ""
 
 
 def _flwr(args: list[str], env: dict[str, str], *, capture: bool = True, timeout: float | None = None) -> str:
@@ -87,16 +88,16 @@ def run_flower(
     except (ValueError, KeyError) as err:
         raise FlowerRunError(f"could not read the run id from `flwr run` output: {out!r}") from err
     log_args = ["log", str(run_id)] + ([connection] if connection else []) + ["--stream"]
-    if stream:
-        subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, timeout=timeout, check=False)
-    else:
-        subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, capture_output=True, timeout=timeout, check=False)
+    proc = subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, capture_output=not stream, text=True, timeout=timeout, check=False)
+    logs = (proc.stdout or "") + (proc.stderr or "")
     listing = json.loads(_flwr(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format", "json"], env))
     run = listing["runs"][0]
     status = str(run["status"])
-    result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / "results.json")
+    result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / "results.json", log=logs)
     if not status.startswith("finished:completed"):
-        raise FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}")
+        err = FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}")
+        err.run = result  # type: ignore[attr-defined]
+        raise err
     if not result.results.exists():
         raise FlowerRunError(f"run {run_id} completed but wrote no {result.results}")
     return result

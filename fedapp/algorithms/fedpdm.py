@@ -16,13 +16,14 @@ Server: x_0^{t+1} = prox_{h/rho}(element-wise mean of the received y's)         
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fedapp.aggregation import elementwise_mean, prox_l1
 from fedapp.compression.codec import SparseVector
-from fedapp.models.base import FloatArray, LinearModel
+from fedapp.models.base import FloatArray, SmoothObjective
 
 
 def step_size(eta0: float, t: int) -> float:
@@ -39,7 +40,12 @@ def clip_by_norm(g: FloatArray, clip: float | None) -> FloatArray:
 
 
 def max_steps_for(n_local: int, batch_size: int, max_steps: int) -> int:
-    """Cap Q so that Q*b < |D_i| (spec A6): batches are drawn without replacement within a round and q < 1."""
+    """Cap Q so that Q*b < |D_i| (spec A6): batches are drawn without replacement within a round and q < 1.
+
+    A batch size >= |D_i| means full-batch gradients (the convex sanity tests, spec 10.14): no cap then.
+    """
+    if batch_size >= n_local:
+        return max_steps
     cap = (n_local - 1) // batch_size
     if cap < 1:
         raise ValueError(f"client holds {n_local} samples: batch-size={batch_size} leaves no room for one step")
@@ -62,8 +68,8 @@ def local_update(
     x0: FloatArray,
     dual: FloatArray,
     features: FloatArray,
-    labels: NDArray[np.int64],
-    model: LinearModel,
+    labels: NDArray[Any],
+    model: SmoothObjective,
     *,
     eta: float,
     rho: float,
@@ -84,8 +90,9 @@ def local_update(
     x = x0.copy()
     sq = float("nan")
     steps, stopped = q_max, False
+    full_batch = batch_size >= len(labels)
     for r in range(q_max):
-        batch = perm[r * batch_size : (r + 1) * batch_size]
+        batch = perm if full_batch else perm[r * batch_size : (r + 1) * batch_size]
         g = clip_by_norm(model.grad(x, features[batch], labels[batch]), clip)
         direction = g - dual + rho * (x - x0)
         x = x - eta * direction  # (8a)

@@ -243,11 +243,13 @@ def paper_partition(
        largest classes). Clients pick, in turn, the ``L`` labels with the most uses left, ties broken
        by a seeded random key. This greedy never gets stuck (each label's remaining uses never exceed
        the remaining clients) and yields varied label sets.
-    2. Counts: each label ``c`` contributes ``T_c`` samples, ``T_c`` proportional to its pool size
-       (all of it when ``N*S == n``, as for MNIST with N = 100). The per-(client, label) counts are
-       the matrix with row sums ``S``, column sums ``T_c``, zeros off the label sets and at least 1
-       on them that is closest to proportional: Sinkhorn scaling of the label-set mask, floored, with
-       the remaining units placed by a max-flow.
+    2. Counts: label ``c`` contributes ``T_c`` samples: one per client using it plus a share of the
+       rest proportional to its remaining pool (so all of it when ``N*S == n``, as for MNIST with
+       N = 100). The per-(client, label) counts form the integer matrix with row sums ``S``, column
+       sums ``T_c``, zeros off the label sets and at least 1 on them, nearest to proportional:
+       Sinkhorn scaling of the label-set mask, floored; the leftover units go greedily to the
+       largest fractional parts, and a max-flow (allowed to reroute those) places what remains,
+       dipping into a label's unused samples only if the totals ``T_c`` cannot be met exactly.
     3. Samples: each label's pool is shuffled with the seed and cut into consecutive chunks of the
        chosen counts, so clients are disjoint.
 
@@ -255,7 +257,8 @@ def paper_partition(
     cannot all get 150 of each; counts per (client, label) vary (about 130 to 170 for MNIST), while
     every client still has exactly ``S`` samples and exactly ``L`` labels.
 
-    **No more classes than labels_per_client (Adult).** Each client holds ``S`` samples of one class.
+    **No more classes than labels_per_client, or labels_per_client == 1 (Adult).** Each client holds
+    ``S`` samples of one class.
     Clients are given to classes in proportion to class frequency (largest remainder, capped at
     ``pool // S``), which for Adult with N = 100 is 76 clients of class 0 and 24 of class 1; leftover
     samples (61 for Adult) are unused. Which client gets which class is a seeded permutation.
@@ -281,7 +284,9 @@ def paper_partition(
     Raises
     ------
     ValueError
-        If the request cannot be met, e.g. ``N*S > n``, ``S < L``, or a label pool too small.
+        If the request cannot be met, e.g. ``N*S > n``, ``S < L``, or a label pool too small for the
+        clients it is assigned to. Very tight requests (nearly every sample needed with few clients)
+        can also fail for the chosen label sets even where another assignment would work.
     """
     labels = _check_labels(y)
     _check_int("num_partitions", num_partitions, 1)

@@ -27,9 +27,10 @@ from numpy.typing import NDArray
 from fedapp.data.partition import largest_remainder
 from fedapp.data.sources import ArrayDataset, DatasetInfo
 
-# Noise relative to the spread of the class means: small enough that a linear model clears 80 %
-# test accuracy with 10 classes in 20 dimensions, large enough that the task is not trivial.
-_NOISE_STD = 0.12
+# Per-feature noise: a linear (ridge) classifier reaches about 97 % / 90 % / 98 % test accuracy on
+# the three presets, so the tasks are learnable (> 80 %) but not saturated, leaving room to see
+# the cost of DP noise or compression.
+_NOISE_STD = 0.2
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
+
+
+class SmoothObjective(Protocol):
+    """Anything with a mini-batch gradient of the smooth local loss f_i: what the local solvers need."""
+
+    def grad(self, x: FloatArray, features: FloatArray, targets: NDArray[Any]) -> FloatArray:
+        """Gradient of f_i at x on the given samples."""
+        ...
 
 
 class LinearModel(ABC):
