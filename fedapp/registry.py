@@ -56,6 +56,10 @@ def _load(path: str) -> Any:
 
 
 SEED000 = "Li et al., Privacy-preserving Federated Primal-dual Learning ..., arXiv 2310.19558"
+FEDAVG_PAPER = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
+FEDPROX_PAPER = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
+SCAFFOLD_PAPER = "Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020"
+FEDDYN_PAPER = "Acar et al., Federated Learning Based on Dynamic Regularization, ICLR 2021"
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "dp-fedpdm": AlgorithmSpec(
@@ -65,5 +69,50 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "bsdp-fedpdm": AlgorithmSpec(
         "strategies.fedpdm:BSDPFedPDM", "clients.fedpdm:BSDPFedPDMClient", FEDPDM_KEYS + SPARSE_KEYS,
         "DP-FedPDM with bidirectional top-k / rand-k sparsification (Alg. 2)", SEED000,
+    ),
+    # Baselines of seed 000 (Figs. 7-8); DP, l1 and sparsification treatment are ours (spec 6.4, A22).
+    "fedavg": AlgorithmSpec(
+        "strategies.fedavg:FedAvg", "clients.fedavg:FedAvgClient", ("gamma",),
+        "FedAvg / DP-FedAvg baseline: Q local SGD steps on f_i + gamma*||x||_1 (subgradient), unweighted model mean",
+        FEDAVG_PAPER,
+    ),
+    "fedavg-sparse": AlgorithmSpec(
+        "strategies.fedavg:SparseFedAvg", "clients.fedavg:SparseFedAvgClient", ("gamma", *SPARSE_KEYS),
+        "FedAvg with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDAVG_PAPER,
+    ),
+    "fedprox": AlgorithmSpec(
+        "strategies.fedavg:FedProx", "clients.fedavg:FedAvgClient", ("gamma", "mu"),
+        "FedProx baseline: FedAvg with the local proximal term (mu/2)||x - x_0||^2", FEDPROX_PAPER,
+    ),
+    "fedprox-sparse": AlgorithmSpec(
+        "strategies.fedavg:SparseFedProx", "clients.fedavg:SparseFedAvgClient", ("gamma", "mu", *SPARSE_KEYS),
+        "FedProx with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDPROX_PAPER,
+    ),
+    "scaffold": AlgorithmSpec(
+        "strategies.scaffold:Scaffold", "clients.scaffold:ScaffoldClient", ("gamma",),
+        "SCAFFOLD baseline (option II, global step 1): control variates c_i on clients, c on the server",
+        SCAFFOLD_PAPER,
+    ),
+    "scaffold-sparse": AlgorithmSpec(
+        "strategies.scaffold:SparseScaffold", "clients.scaffold:SparseScaffoldClient", ("gamma", *SPARSE_KEYS),
+        "SCAFFOLD with sparse (Delta y, Delta c) uplink on shared indices and top-k (x, c) downlink (Fig. 8 baseline)",
+        SCAFFOLD_PAPER,
+    ),
+    "feddyn": AlgorithmSpec(
+        "strategies.feddyn:FedDyn", "clients.feddyn:FedDynClient", ("gamma", "feddyn-alpha"),
+        "FedDyn baseline: client linear term grad L_i, server state h, theta = mean - h/alpha", FEDDYN_PAPER,
+    ),
+    "feddyn-sparse": AlgorithmSpec(
+        "strategies.feddyn:SparseFedDyn", "clients.feddyn:SparseFedDynClient", ("gamma", "feddyn-alpha", *SPARSE_KEYS),
+        "FedDyn with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDDYN_PAPER,
+    ),
+    # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
+    "flwr-fedavg": AlgorithmSpec(
+        "strategies.flower_builtin:FlwrFedAvg", "clients.fedavg:FedAvgClient", ("gamma",),
+        "Flower's built-in FedAvg (num-examples weighted mean, Flower's sampling) with our FedAvg client", FEDAVG_PAPER,
+    ),
+    "flwr-fedprox": AlgorithmSpec(
+        "strategies.flower_builtin:FlwrFedProx", "clients.fedavg:FedAvgClient", ("gamma", "mu"),
+        "Flower's built-in FedProx (proximal-mu = mu) with our FedAvg client", FEDPROX_PAPER,
     ),
 }

@@ -1,0 +1,56 @@
+"""FedDyn server side (Acar et al., ICLR 2021, Alg. 1): a baseline of arXiv 2310.19558, Figs. 7-8 ([46]).
+
+The server keeps th (the model) and h (zero-initialised). Each round it broadcasts th, receives the local models
+th_i and applies ``h -= alpha (1/N) sum_{i in S} (th_i - th)`` and ``th = mean(th_i) - h / alpha``
+(:func:`fedapp.algorithms.local_sgd.feddyn_server_update`), alpha = the run config's ``feddyn-alpha``.
+
+[OURS] (spec 6.4) The "-sparse" key broadcasts top_k'(th) (k' = alpha-down d) and receives top_k / rand_k
+sparsified th_i; the h update uses the model as the clients received it (zero-padded, float32 on the wire) and
+runs over the senders of each coordinate; the mean is element-wise, 0 where nobody sent (FedPDM's rule, A11).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedapp.algorithms.local_sgd import feddyn_server_update
+from fedapp.config import RunConfig
+from fedapp.task import Evaluator
+from strategies.fedavg import LocalSGDStrategy
+
+
+class FedDyn(LocalSGDStrategy):
+    """FedDyn: broadcast th, update h from the received local models, th = mean - h/alpha.
+
+    Parameters
+    ----------
+    cfg
+        Run config (see :class:`LocalSGDStrategy`) plus feddyn-alpha.
+    evaluator
+        Central test-set evaluation; None skips it (default None).
+    """
+
+    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
+        super().__init__(cfg, evaluator)
+        self.h = np.zeros(self.dim)
+        self.sent = np.zeros(self.dim)  # th^{t-1} as this round's clients received it
+
+    def encode_downlink(self, idx: NDArray[np.int64]) -> tuple[list[NDArray[Any]], int]:
+        """As the base class, and remember the broadcast (zero-padded, float32-rounded) for the h update."""
+        self.sent = np.zeros(self.dim)
+        self.sent[idx] = self.x[idx].astype(np.float32)
+        return super().encode_downlink(idx)
+
+    def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
+        thetas = [updates[p] for p in sorted(updates)]
+        self.x, self.h, counts = feddyn_server_update(self.h, thetas, self.sent, self.cfg.feddyn_alpha, self.cfg.num_clients)
+        return {**self.diagnostics(counts, metrics), "h_norm": float(np.linalg.norm(self.h))}
+
+
+class SparseFedDyn(FedDyn):
+    """FedDyn with top_k / rand_k uplink and top_k' downlink (Fig. 8, [OURS])."""
+
+    sparse = True
