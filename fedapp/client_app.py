@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -37,17 +38,17 @@ def handle(message_type: str, content: RecordDict, context: Context) -> RecordDi
     """Answer one message's content; exceptions become Flower error replies (the server logs them)."""
     if message_type == "query.whoami":  # answered from node_config alone: no need to load data
         nc = context.node_config
-        info = {"partition-id": int(nc["partition-id"]), "num-partitions": int(nc["num-partitions"])}
+        info: dict[str, Any] = {"partition-id": int(nc["partition-id"]), "num-partitions": int(nc["num-partitions"])}
         return RecordDict({"info": ConfigRecord(info)})
     client = make_client(context)
-    config = dict(content.config_records["config"]) if "config" in content.config_records else {}
+    config: dict[str, Any] = dict(content.config_records["config"]) if "config" in content.config_records else {}
     params = content.array_records["arrays"].to_numpy_ndarrays()
     if message_type == "train":
         arrays, n, metrics = client.fit(params, config)
         return reply_content(arrays, n, metrics)
     if message_type == "evaluate":
-        loss, n, metrics = client.evaluate(params, config)
-        return RecordDict({"metrics": MetricRecord({**metrics, "loss": loss, "num-examples": n})})
+        loss, n, eval_metrics = client.evaluate(params, config)
+        return RecordDict({"metrics": MetricRecord({**eval_metrics, "loss": loss, "num-examples": n})})
     raise ValueError(f"unsupported message type {message_type!r}")
 
 

@@ -96,7 +96,10 @@ def plot_results(docs: list[dict[str, Any]], png: str | os.PathLike[str], *, lab
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None, label=label)
     ax.set_xlabel("communication round")
     ax.set_ylabel("test accuracy")
-    ax.set_title(title or (docs[0]["algorithm"] if len(docs) == 1 else "test accuracy"))
+    if title is None and len(docs) == 1:
+        d = docs[0]
+        title = f"{d['algorithm']} on {d['dataset']} ({d['engine']})"
+    ax.set_title(title or "test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

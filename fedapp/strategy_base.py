@@ -117,7 +117,7 @@ class FederatedStrategy(Strategy):
             nid = reply.metadata.src_node_id
             if reply.has_error():
                 raise FederationError(f"node {nid} failed to report its partition: {reply.error.reason}")
-            info = reply.content["info"]
+            info: dict[str, Any] = dict(reply.content.config_records["info"])
             pid, parts = int(info["partition-id"]), int(info["num-partitions"])
             if parts != n:
                 raise FederationError(f"node {nid} has num-partitions={parts} but the run config has num-clients={n}")
@@ -187,7 +187,7 @@ class FederatedStrategy(Strategy):
         else:
             log(ERROR, "round %d: no valid reply; the global model is unchanged", server_round)
         for pid, m in metrics.items():
-            priv = {k: float(m[k]) for k in self.PRIVACY_KEYS if k in m}
+            priv = {k: float(v) for k in self.PRIVACY_KEYS if isinstance(v := m.get(k), int | float)}
             if priv:
                 self.privacy[pid] = priv
         self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}
@@ -241,10 +241,12 @@ class FederatedStrategy(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Decode and aggregate; the returned ArrayRecord is the float32 global model."""
         items: list[tuple[int, RecordDict | str]] = [
-            (r.metadata.src_node_id, r.error.reason if r.has_error() else r.content) for r in replies
+            (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in replies
         ]
-        metrics = self.consume_replies(server_round, items)
-        return ArrayRecord([self.global_model().astype(np.float32)]), metrics
+        self.consume_replies(server_round, items)
+        # Diagnostics go to our per-round line and results.json; returning None keeps Flower's end-of-run
+        # dump short (it would repeat every round's MetricRecord).
+        return ArrayRecord([self.global_model().astype(np.float32)]), None
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """No federated evaluation: the server evaluates the global model centrally (spec 6.5)."""

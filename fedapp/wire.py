@@ -7,6 +7,9 @@ same number is reported for every engine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_to_proto
@@ -18,16 +21,16 @@ def recorddict_nbytes(content: RecordDict) -> int:
     return int(recorddict_to_proto(content).ByteSize())
 
 
-def array_record(arrays: list[NDArray[np.generic]]) -> ArrayRecord:
+def array_record(arrays: list[NDArray[Any]]) -> ArrayRecord:
     """ArrayRecord from a list of numpy arrays (keys "0", "1", ... as in Flower's NumPyClient bridge)."""
     return ArrayRecord([np.ascontiguousarray(a) for a in arrays])
 
 
-def train_content(arrays: list[NDArray[np.generic]], config: dict[str, int | float | str | bool]) -> RecordDict:
+def train_content(arrays: list[NDArray[Any]], config: Mapping[str, Any]) -> RecordDict:
     """The {"arrays", "config"} content Flower's built-in strategies also send."""
     return RecordDict({"arrays": array_record(arrays), "config": ConfigRecord(dict(config))})
 
 
-def reply_content(arrays: list[NDArray[np.generic]], num_examples: int, metrics: dict[str, int | float]) -> RecordDict:
+def reply_content(arrays: list[NDArray[Any]], num_examples: int, metrics: Mapping[str, Any]) -> RecordDict:
     """The {"arrays", "metrics"} reply; "num-examples" is Flower's weighting key."""
     return RecordDict({"arrays": array_record(arrays), "metrics": MetricRecord({**metrics, "num-examples": int(num_examples)})})

@@ -17,7 +17,7 @@ from fedapp.models.base import FloatArray, LinearModel
 
 def softplus(z: FloatArray) -> FloatArray:
     """ln(1 + e^z), computed stably as max(z, 0) + log1p(e^{-|z|})."""
-    return np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))
+    return np.asarray(np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z))), dtype=np.float64)
 
 
 class NonconvexL1Logistic(LinearModel):
@@ -41,7 +41,7 @@ class NonconvexL1Logistic(LinearModel):
 
     def _true_scores(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> FloatArray:
         rows = self.matrix(x)[labels]  # x_c for every sample
-        return np.einsum("ij,ij->i", rows, features)
+        return np.asarray(np.einsum("ij,ij->i", rows, features), dtype=np.float64)
 
     def data_loss(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> float:
         """Mean of ln(1 + exp(-x_c^T a)) over the samples: the data term of (41)."""

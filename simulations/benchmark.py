@@ -1,0 +1,77 @@
+"""Benchmarks (not tests): where time and bytes go, reported as ratios measured in one invocation.
+
+1. Wall time per round: our BSDP-FedPDM strategy vs Flower's own FedAvg strategy (`flwr-fedavg`), both through
+   the Flower simulation engine (`flwr run`) on the same task (MNIST, paper split, N = 100, K = 30).
+2. The in-process driver vs the Flower simulation for BSDP-FedPDM on that task.
+3. Uplink bytes per client per round at alpha_U in {1, 0.5, 0.1}, counted from serialized records, as a ratio
+   to the dense upload (DP-FedPDM).
+Per-round wall is the median over rounds 2..R of the strategy's own per-round timer (round 1 contacts all N
+clients and includes actor start-up).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+TASK: dict[str, Any] = {"dataset": "mnist", "num-clients": 100, "clients-per-round": 30, "dp": True, "epsilon-total": 20.0}
+
+
+def _per_round(doc: dict[str, Any]) -> float:
+    return float(statistics.median(r["wall_s"] for r in doc["rounds"][1:]))
+
+
+def _uplink_per_client(doc: dict[str, Any]) -> float:
+    rows = doc["rounds"][1:]
+    return float(statistics.mean(r["uplink_bytes"] / r["clients"] for r in rows))
+
+
+def main(out: Path, *, rounds: int = 10) -> int:
+    """Run all three benchmarks and write out/benchmark.json + out/benchmark.md."""
+    import logging
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    from fedapp.config import parse_run_config
+    from fedapp.runner import finish
+    from simulations.flower_driver import run_flower
+    from simulations.inprocess import run_inprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    base = {**TASK, "num-server-rounds": rounds}
+    report: dict[str, Any] = {"task": base}
+    t0 = time.time()
+    flower = {}
+    for key in ("bsdp-fedpdm", "flwr-fedavg"):
+        res = run_flower({**base, "algorithm": key}, out / f"flower-{key}", num_supernodes=100, stream=False)
+        flower[key] = json.loads(res.results.read_text())
+    cfg = parse_run_config({**base, "algorithm": "bsdp-fedpdm"})
+    strategy, _, wall = run_inprocess(cfg)
+    inproc, _ = finish(cfg, strategy, "in-process", wall_s=wall, out_dir=str(out / "inprocess-bsdp-fedpdm"))
+    t_ours, t_fedavg, t_inproc = _per_round(flower["bsdp-fedpdm"]), _per_round(flower["flwr-fedavg"]), _per_round(inproc)
+    report["wall_per_round_s"] = {"flower bsdp-fedpdm": t_ours, "flower flwr-fedavg": t_fedavg, "in-process bsdp-fedpdm": t_inproc}
+    report["ratios"] = {"ours / Flower FedAvg (Flower sim)": t_ours / t_fedavg, "Flower sim / in-process (bsdp-fedpdm)": t_ours / t_inproc}
+
+    wire = {}
+    for label, over in (("dense (dp-fedpdm)", {"algorithm": "dp-fedpdm"}),
+                        ("alpha_U=1", {"algorithm": "bsdp-fedpdm", "alpha-up": 1.0, "alpha-down": 1.0}),
+                        ("alpha_U=0.5", {"algorithm": "bsdp-fedpdm", "alpha-up": 0.5, "alpha-down": 1.0}),
+                        ("alpha_U=0.1", {"algorithm": "bsdp-fedpdm", "alpha-up": 0.1, "alpha-down": 1.0})):
+        c = parse_run_config({**base, **over, "num-server-rounds": 3})
+        s, _, w = run_inprocess(c)
+        d, _ = finish(c, s, "in-process", wall_s=w, out_dir=str(out / "wire" / label.split()[0]))
+        wire[label] = _uplink_per_client(d)
+    dense = wire["dense (dp-fedpdm)"]
+    report["uplink_bytes_per_client_round"] = {k: {"bytes": v, "ratio_to_dense": v / dense} for k, v in wire.items()}
+    report["benchmark_wall_s"] = time.time() - t0
+    (out / "benchmark.json").write_text(json.dumps(report, indent=1))
+    md = ["| measure | value |", "|---|---|"]
+    md += [f"| wall/round, {k} | {v:.3f} s |" for k, v in report["wall_per_round_s"].items()]
+    md += [f"| ratio {k} | {v:.2f} |" for k, v in report["ratios"].items()]
+    md += [f"| uplink/client/round {k} | {v['bytes']:,.0f} B ({v['ratio_to_dense']:.3f} of dense) |"
+           for k, v in report["uplink_bytes_per_client_round"].items()]
+    (out / "benchmark.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
