@@ -18,7 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class FlowerRunError(RuntimeError):
-    """A `flwr` command failed or the run did not finish as completed."""
+    """A `flwr` command failed or the run did not finish as completed; `run` holds the run's record if any."""
+
+    def __init__(self, message: str, run: FlowerRun | None = None) -> None:
+        super().__init__(message)
+        self.run = run
 
 
 def flwr_env(flwr_home: Path | None = None) -> dict[str, str]:
@@ -95,9 +99,7 @@ def run_flower(
     status = str(run["status"])
     result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / "results.json", log=logs)
     if not status.startswith("finished:completed"):
-        err = FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}")
-        err.run = result  # type: ignore[attr-defined]
-        raise err
+        raise FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}", result)
     if not result.results.exists():
         raise FlowerRunError(f"run {run_id} completed but wrote no {result.results}")
     return result

@@ -294,7 +294,7 @@ def test_partition_bad_input() -> None:
 def test_synthetic_is_linearly_learnable(name: str) -> None:
     train, test, info = load_dataset(name)
     assert train.x.shape[1] == info.num_features and np.all(train.x[:, -1] == 1.0)
-    assert 0.0 <= train.x.min() and train.x.max() <= 1.0
+    assert train.x.min() >= 0.0 and train.x.max() <= 1.0
     # Ridge regression on one-hot targets: a linear model, closed form, numpy only.
     targets = np.eye(info.num_classes)[train.y]
     w = np.linalg.solve(train.x.T @ train.x + 1e-3 * np.eye(info.num_features), train.x.T @ targets)

@@ -66,7 +66,7 @@ def test_dual_and_y_identity() -> None:
 
 def test_stopping_rule_bounds() -> None:
     m, feats, labels, x0, lam = _client_problem()
-    kw = dict(eta=0.05, rho=10.0, batch_size=10, clip=1.0, rng=np.random.default_rng(0))
+    kw = {"eta": 0.05, "rho": 10.0, "batch_size": 10, "clip": 1.0, "rng": np.random.default_rng(0)}
     assert local_update(x0, lam, feats, labels, m, nu=1e9, max_steps=20, **kw).steps == 1  # type: ignore[arg-type]
     res = local_update(x0, lam, feats, labels, m, nu=0.0, max_steps=20, **kw)  # type: ignore[arg-type]
     assert res.steps == 5 and not res.stopped_by_nu  # Q*b < |D_i| = 60 caps Q at 5

@@ -42,7 +42,8 @@ def test_flower_simulation_equals_inprocess_driver(tmp_path: Path) -> None:
 def test_bad_run_config_stops_the_flower_run_before_round_one(tmp_path: Path) -> None:
     with pytest.raises(FlowerRunError) as info:
         run_flower({**SMALL, "alpha-up": 0.0}, tmp_path, num_supernodes=6, stream=False)
-    run = info.value.run  # type: ignore[attr-defined]
+    run = info.value.run
+    assert run is not None
     assert run.status.startswith("finished:failed")
     assert "run config key 'alpha-up'" in run.log
     assert "[round 1/" not in run.log
