@@ -48,3 +48,20 @@ def test_bad_run_config_stops_the_flower_run_before_round_one(tmp_path: Path) ->
     assert "run config key 'alpha-up'" in run.log
     assert "[round 1/" not in run.log
     assert not (tmp_path / "results.json").exists()
+
+
+def test_our_fedavg_matches_flowers_builtin_fedavg(tmp_path: Path) -> None:
+    """Independent truth for the baselines: Flower's own FedAvg strategy driving our FedAvg client.
+
+    Full participation and equal partitions (synthetic 2000 samples / 4 clients), so Flower's num-examples
+    weighting equals our unweighted mean and Flower's unseeded sampling picks everyone.
+    """
+    common = {"dataset": "synthetic", "partitioner": "iid", "num-clients": 4, "clients-per-round": 4,
+              "num-server-rounds": 3, "dp": False, "model": "multinomial", "eta0": 0.1, "gamma": 0.0}
+    res = run_flower({**common, "algorithm": "flwr-fedavg"}, tmp_path / "builtin", num_supernodes=4, stream=False)
+    builtin = json.loads(res.results.read_text())
+    strategy, _, _ = run_inprocess(parse_run_config({**common, "algorithm": "fedavg"}))
+    ours = [r.test_accuracy for r in strategy.history]
+    assert [r["test_accuracy"] for r in builtin["rounds"]] == pytest.approx(ours, abs=1e-3)
+    np.testing.assert_allclose(np.load(tmp_path / "builtin" / "model.npy"), strategy.x, rtol=1e-5, atol=1e-6)
+    assert all(r["uplink_bytes"] > 0 and r["downlink_bytes"] > 0 for r in builtin["rounds"])
