@@ -1,4 +1,4 @@
-"""Command line: `python -m simulations --help`."""
+"""Experiments CLI: run one configuration (Flower simulation/deployment or in-process), reproduce the paper figures, benchmark."""
 
 from __future__ import annotations
 
@@ -116,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--set", action="append", metavar="KEY=VALUE")
     q.set_defaults(func=cmd_quickstart)
     f = sub.add_parser("figure", help="reproduce a paper figure (see simulations/experiments.py)")
-    f.add_argument("name", help="e.g. fig2-mnist, fig4-adult, fig7-mnist-dp")
+    from simulations.experiments import FIGURES
+
+    f.add_argument("name", help="one of: " + ", ".join(FIGURES))
     f.add_argument("--out", default="outputs/figures")
     f.add_argument("--scale", choices=("reduced", "paper"), default="reduced")
     f.add_argument("--seeds", type=int, default=None)
