@@ -22,42 +22,28 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from fedapp.algorithms.fedpdm import step_size
 from fedapp.algorithms.local_sgd import LocalSGDResult, local_sgd
 from fedapp.client_base import FedClient
 from fedapp.compression.codec import (
-    SparseVector,
     decode_vector,
-    encode_dense,
-    encode_sparse,
 )
-from fedapp.compression.payload import DENSE, FORMAT_KEY, from_arrays, to_arrays
-from fedapp.compression.sparsify import rand_k, resolve_k, top_k
+from fedapp.compression.payload import DENSE, FORMAT_KEY, from_arrays
 from fedapp.models.base import FloatArray
 from fedapp.privacy.gaussian import (
-    add_gaussian_noise,
-    data_fraction,
-    gaussian_noise_std,
     local_sgd_sensitivity,
-    per_round_epsilon_eq36,
-    total_privacy_eq36,
 )
 
 #: config key of the FedProx proximal weight mu (the key Flower's FedProx strategy sends)
 PROX_KEY = "proximal-mu"
-_NOISE, _RANDK = 1, 2  # RNG streams; stream 0 draws the mini-batch permutation
 
 Fit = tuple[list[NDArray[Any]], int, dict[str, Any]]
 
 
 class LocalSGDClient(FedClient):
     """What the baseline clients share: the local loop's settings, uplink index choice, the DP release, encoding."""
-
-    #: False: the dense vector on the wire; True: k = alpha_U d values plus their indices (the "-sparse" keys)
-    sparse_uplink = False
 
     def receive(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> FloatArray:
         """The broadcast model, dense or zero-padded top_k' (no "payload-format" means dense)."""
@@ -92,68 +78,15 @@ class LocalSGDClient(FedClient):
         )
         return res, eta
 
-    def uplink_indices(self, v: FloatArray, server_round: int) -> NDArray[np.int64]:
-        """All d indices, or top_k(v) / rand_k (k = alpha_U d, ascending) for the sparse variants."""
-        d = self.model.dim
-        if not self.sparse_uplink:
-            return np.arange(d, dtype=np.int64)
-        k = resolve_k(self.cfg.alpha_up, d)
-        return top_k(v, k) if self.cfg.uplink_sparsifier == "topk" else rand_k(d, k, self.rng(server_round, _RANDK))
-
-    def release(
+    def release_local(
         self, values: FloatArray, server_round: int, *, eta: float, steps: int, contraction: float
     ) -> tuple[FloatArray, dict[str, Any]]:
-        """Gaussian mechanism on the uploaded values when DP is on; the values unchanged and no metrics otherwise.
+        """:meth:`FedClient.release` with the local-SGD sensitivity (B.2): 2 eta G sum_r |1 - contraction eta|^r.
 
-        (36) inverted for the round's epsilon with q from the actual Q (spec A3) and p = K/N, sensitivity
-        ``local_sgd_sensitivity(eta, Q, G, contraction)``, noise std (32), then the ledger and the same privacy
-        metrics as the FedPDM client ("q", "eps_round", "sigma", "eps_eq36", "eps_rdp", "eps_basic", ...).
-
-        Parameters
-        ----------
-        values
-            The (possibly sparsified) uploaded values.
-        server_round
-            Flower's 1-based round (seeds the noise; rounds seen so far for (36)).
-        eta
-            The round's step size.
-        steps
-            Local steps Q actually taken.
-        contraction
-            Proximal weight of the local step (0, mu or alpha), see ``local_sgd_sensitivity``.
-
-        Returns
-        -------
-        tuple[FloatArray, dict[str, Any]]
-            The released values and the privacy metrics ({} with DP off).
+        `contraction` is the proximal weight of the local step: 0 (FedAvg, SCAFFOLD), mu (FedProx), alpha (FedDyn).
         """
-        cfg = self.cfg
-        if not cfg.dp:
-            return values, {}
-        q = data_fraction(steps, cfg.batch_size, len(self.data))
-        p = cfg.clients_per_round / cfg.num_clients
-        eps_round = per_round_epsilon_eq36(cfg.epsilon_total, cfg.c0, q, p, cfg.horizon, q_power=cfg.privacy_q_power)
-        sens = local_sgd_sensitivity(eta, steps, cfg.clip_norm, contraction)
-        sigma = gaussian_noise_std(sens, eps_round, cfg.delta)
-        noisy = add_gaussian_noise(values, sigma, self.rng(server_round, _NOISE))
-        ledger = self.load_ledger()
-        ledger.record(eps_round, sigma / sens)
-        self.save_ledger(ledger)
-        eps_basic, delta_basic = ledger.basic_composition()
-        return noisy, {
-            "q": q, "eps_round": eps_round, "sensitivity": sens, "sigma": sigma,
-            "eps_round_gt_1": int(eps_round > 1.0),  # Lemma 1 needs eps < 1 (spec caveat 1)
-            "eps_eq36": total_privacy_eq36(eps_round, cfg.c0, q, p, min(server_round, cfg.horizon), q_power=cfg.privacy_q_power),
-            "eps_rdp": ledger.rdp_epsilon(cfg.delta),
-            "eps_basic": eps_basic, "delta_basic": delta_basic,
-            "participations": len(ledger.eps_rounds),
-        }
-
-    def encode(self, idx: NDArray[np.int64], values: FloatArray) -> tuple[list[NDArray[Any]], int]:
-        """Codec arrays and format code of the upload: dense, or (values, indices) for the sparse variants."""
-        if self.sparse_uplink:
-            return to_arrays(encode_sparse(SparseVector(indices=idx, values=values, dim=self.model.dim)))
-        return to_arrays(encode_dense(values))
+        sens = local_sgd_sensitivity(eta, steps, self.cfg.clip_norm, contraction) if self.cfg.dp else 0.0
+        return self.release(values, server_round, sensitivity=sens, steps=steps)
 
     def round_metrics(self, res: LocalSGDResult, k: int) -> dict[str, Any]:
         """Q, k, the paper's uplink bits 32 k and the local model's training loss."""
@@ -170,7 +103,7 @@ class FedAvgClient(LocalSGDClient):
         mu = float(config.get(PROX_KEY, 0.0))  # 0: FedAvg
         res, eta = self.local_steps(x0, server_round, prox=mu)
         idx = self.uplink_indices(res.x, server_round)
-        values, metrics = self.release(res.x[idx], server_round, eta=eta, steps=res.steps, contraction=mu)
+        values, metrics = self.release_local(res.x[idx], server_round, eta=eta, steps=res.steps, contraction=mu)
         metrics.update(self.round_metrics(res, len(idx)))
         arrays, metrics[FORMAT_KEY] = self.encode(idx, values)
         return arrays, len(self.data), metrics

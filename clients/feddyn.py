@@ -39,7 +39,7 @@ class FedDynClient(LocalSGDClient):
             grad_l = np.zeros(self.model.dim)
         res, eta = self.local_steps(theta_s, server_round, prox=alpha, linear=grad_l)
         idx = self.uplink_indices(res.x, server_round)
-        values, metrics = self.release(res.x[idx], server_round, eta=eta, steps=res.steps, contraction=alpha)
+        values, metrics = self.release_local(res.x[idx], server_round, eta=eta, steps=res.steps, contraction=alpha)
         grad_l[idx] = feddyn_linear_update(grad_l[idx], values, theta_s[idx], alpha)  # from the released th_i
         self.save_vector(LINEAR, grad_l)
         metrics.update(self.round_metrics(res, len(idx)))

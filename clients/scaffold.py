@@ -45,7 +45,7 @@ class ScaffoldClient(LocalSGDClient):
         res, eta = self.local_steps(x0, server_round, correction=c - ci)
         dy = res.x - x0
         idx = self.uplink_indices(dy, server_round)
-        dy_up, metrics = self.release(dy[idx], server_round, eta=eta, steps=res.steps, contraction=0.0)
+        dy_up, metrics = self.release_local(dy[idx], server_round, eta=eta, steps=res.steps, contraction=0.0)
         dc_up = scaffold_control_delta(c[idx], dy_up, res.steps, eta)  # from the released Delta y: post-processing
         ci[idx] += dc_up
         self.save_vector(CONTROL, ci)

@@ -12,12 +12,26 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
+from numpy.typing import NDArray
 
+from fedapp.compression.codec import SparseVector, encode_dense, encode_sparse
+from fedapp.compression.payload import to_arrays
+from fedapp.compression.sparsify import rand_k, resolve_k, top_k
 from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.privacy.accountants import PrivacyLedger
+from fedapp.privacy.gaussian import (
+    add_gaussian_noise,
+    data_fraction,
+    gaussian_noise_std,
+    per_round_epsilon_eq36,
+    total_privacy_eq36,
+)
 from fedapp.sampling import STREAM_CLIENT, rng_for
 from fedapp.task import build_model, client_dataset
+
+# RNG streams of a client round; stream 0 draws the mini-batch permutation
+STREAM_NOISE, STREAM_RANDK = 1, 2
 
 
 class FedClient(NumPyClient):
@@ -30,6 +44,9 @@ class FedClient(NumPyClient):
     cfg
         The validated run config.
     """
+
+    #: False: the dense vector on the wire; True: k = alpha_U d values plus their indices (sparse variants)
+    sparse_uplink = False
 
     def __init__(self, context: Context, cfg: RunConfig) -> None:
         self.node_context = context
@@ -63,6 +80,52 @@ class FedClient(NumPyClient):
     def rng(self, server_round: int, stream: int = 0) -> np.random.Generator:
         """Per-(client, round, stream) generator: reproducible across drivers, independent across clients."""
         return rng_for(self.cfg.seed, STREAM_CLIENT, self.partition_id, server_round, stream)
+
+    # ---------------------------------------------------------------- uplink: sparsify, privatize, encode
+    def uplink_indices(self, v: FloatArray, server_round: int) -> NDArray[np.int64]:
+        """All d indices, or top_k(v) / rand_k with k = alpha_U d (eq. 18), ascending so that alpha_U = 1 pairs
+        every noise draw with the same coordinate as the dense path (spec 10.12)."""
+        d = len(v)
+        if not self.sparse_uplink:
+            return np.arange(d, dtype=np.int64)
+        k = resolve_k(self.cfg.alpha_up, d)
+        if self.cfg.uplink_sparsifier == "topk":
+            return top_k(v, k)
+        return rand_k(d, k, self.rng(server_round, STREAM_RANDK))
+
+    def release(self, values: FloatArray, server_round: int, *, sensitivity: float, steps: int) -> tuple[FloatArray, dict[str, Any]]:
+        """Gaussian mechanism on the uploaded values under DP; the values unchanged and no metrics otherwise.
+
+        The round's epsilon inverts the paper's (36) with q = Q b / |D_i| from the actual Q (spec A3) and
+        p = K/N; the noise std is (32) for the caller's L2 `sensitivity` ((35) for FedPDM, (B.2) for local SGD).
+        The ledger in context.state records the round and yields the three cumulative figures.
+        """
+        cfg = self.cfg
+        if not cfg.dp:
+            return values, {}
+        q = data_fraction(steps, cfg.batch_size, len(self.data))
+        p = cfg.clients_per_round / cfg.num_clients
+        eps_round = per_round_epsilon_eq36(cfg.epsilon_total, cfg.c0, q, p, cfg.horizon, q_power=cfg.privacy_q_power)
+        sigma = gaussian_noise_std(sensitivity, eps_round, cfg.delta)
+        noisy = add_gaussian_noise(values, sigma, self.rng(server_round, STREAM_NOISE))  # (11)/(19)
+        ledger = self.load_ledger()
+        ledger.record(eps_round, sigma / sensitivity)
+        self.save_ledger(ledger)
+        eps_basic, delta_basic = ledger.basic_composition()
+        return noisy, {
+            "q": q, "eps_round": eps_round, "sensitivity": sensitivity, "sigma": sigma,
+            "eps_round_gt_1": int(eps_round > 1.0),  # Lemma 1 needs eps < 1 (spec caveat 1)
+            "eps_eq36": total_privacy_eq36(eps_round, cfg.c0, q, p, min(server_round, cfg.horizon), q_power=cfg.privacy_q_power),
+            "eps_rdp": ledger.rdp_epsilon(cfg.delta),
+            "eps_basic": eps_basic, "delta_basic": delta_basic,
+            "participations": len(ledger.eps_rounds),
+        }
+
+    def encode(self, idx: NDArray[np.int64], values: FloatArray) -> tuple[list[NDArray[Any]], int]:
+        """Wire arrays and format code: the dense vector, or k values plus compact indices (sparse variants)."""
+        if self.sparse_uplink:
+            return to_arrays(encode_sparse(SparseVector(indices=idx, values=values, dim=self.model.dim)))
+        return to_arrays(encode_dense(values))
 
     # ---------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
@@ -26,12 +26,14 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from numpy.typing import NDArray
 
-from fedapp.compression.codec import MalformedPayload
+from fedapp.compression.codec import MalformedPayload, SparseVector, decode_vector, encode_dense, encode_sparse
+from fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
+from fedapp.compression.sparsify import resolve_k, top_k
 from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.results import RoundRecord
-from fedapp.sampling import select_clients
-from fedapp.task import Evaluator
+from fedapp.sampling import STREAM_INIT, rng_for, select_clients
+from fedapp.task import Evaluator, build_model
 from fedapp.wire import recorddict_nbytes, train_content
 
 Scalar = int | float | str | bool
@@ -42,7 +44,96 @@ class FederationError(RuntimeError):
     """The connected nodes do not form the federation the run config asks for."""
 
 
-class FederatedStrategy(Strategy):
+class RoundBookkeeping:
+    """Per-round records shared by every strategy our server app runs (ours and Flower's built-ins).
+
+    Keeps `history` (one RoundRecord per round: central evaluation, bytes, privacy, diagnostics),
+    the latest cumulative privacy metrics of each client, and the count of rejected replies. Needs `cfg`,
+    `evaluator` and `global_model()` from the class it is mixed into.
+    """
+
+    #: privacy metric keys a client may report, reduced as max over clients of the latest cumulative value
+    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
+
+    cfg: RunConfig
+    evaluator: Evaluator | None
+
+    def init_bookkeeping(self) -> None:
+        """Empty history, privacy table and per-round accumulators."""
+        self.history: list[RoundRecord] = []
+        self.privacy: dict[int, dict[str, float]] = {}
+        self.rejected_total = 0
+        self._acc: dict[str, Any] = {}
+
+    def global_model(self) -> FloatArray:
+        """The model evaluated centrally."""
+        raise NotImplementedError
+
+    def record_privacy(self, client: int, metrics: Mapping[str, Any]) -> None:
+        """Keep a client's latest cumulative privacy figures (clients not sampled keep theirs)."""
+        priv = {k: float(v) for k in self.PRIVACY_KEYS if isinstance(v := metrics.get(k), int | float)}
+        if priv:
+            self.privacy[client] = priv
+
+    def privacy_summary(self) -> dict[str, float]:
+        """Worst client (max) of each accountant's cumulative epsilon so far."""
+        out: dict[str, float] = {}
+        for key in self.PRIVACY_KEYS:
+            vals = [p[key] for p in self.privacy.values() if key in p]
+            if vals:
+                out[key] = max(vals)
+        return out
+
+    def evaluate_round(self, server_round: int) -> RoundRecord:
+        """Central evaluation + the round's record (appended to `history`) + one progress line."""
+        c = self.cfg
+        rec = RoundRecord(round=server_round)
+        if self.evaluator is not None and (server_round % c.eval_every == 0 or server_round == c.num_server_rounds):
+            ev = self.evaluator(self.global_model())
+            rec.test_accuracy, rec.test_loss = ev.accuracy, ev.loss
+            rec.extra["nnz"] = ev.nnz
+        priv = self.privacy_summary()
+        if c.dp and "eps_eq36" in priv:
+            rec.epsilon, rec.delta = priv["eps_eq36"], c.delta
+        rec.uplink_bytes, rec.downlink_bytes = int(self._acc.get("up", 0)), int(self._acc.get("down", 0))
+        rec.wall_s = time.perf_counter() - float(self._acc.get("t0", time.perf_counter()))
+        rec.extra.update(self._acc.get("diag", {}))
+        rec.extra.update({f"privacy_{k}": v for k, v in priv.items()})
+        self.history.append(rec)
+        acc = "n/a" if rec.test_accuracy is None else f"{rec.test_accuracy:.4f}"
+        eps = "" if rec.epsilon is None else f" eps(36)={rec.epsilon:.3g}"
+        log(
+            INFO,
+            "[round %d/%d] test_acc=%s%s clients=%d rejected=%d up=%.1fkB down=%.1fkB %.2fs",
+            server_round, c.num_server_rounds, acc, eps, int(rec.extra.get("clients", 0)),
+            int(rec.extra.get("rejected", 0)), rec.uplink_bytes / 1e3, rec.downlink_bytes / 1e3, rec.wall_s,
+        )
+        return rec
+
+    def evaluate_fn(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """`Strategy.start(evaluate_fn=...)` hook: records every round after round 0."""
+        if server_round == 0:
+            return None
+        rec = self.evaluate_round(server_round)
+        out = {"test_accuracy": rec.test_accuracy, "test_loss": rec.test_loss}
+        return MetricRecord({k: float(v) for k, v in out.items() if v is not None})
+
+
+def round_diagnostics(counts: NDArray[np.int64], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """Coverage of the aggregated coordinates, mean Q and training loss, and mean sigma / eps_round under DP."""
+    diag = {
+        "coverage": float(np.mean(counts > 0)),
+        "mean_Q": float(np.mean([m.get("Q", np.nan) for m in metrics.values()])),
+        "mean_train_loss": float(np.mean([m.get("train_loss", np.nan) for m in metrics.values()])),
+    }
+    sig = [m["sigma"] for m in metrics.values() if "sigma" in m]
+    if sig:
+        diag["mean_sigma"] = float(np.mean(sig))
+        diag["mean_eps_round"] = float(np.mean([m["eps_round"] for m in metrics.values()]))
+    return diag
+
+
+class FederatedStrategy(RoundBookkeeping, Strategy):
     """Base of our server-side algorithms (Flower Message API).
 
     Parameters
@@ -53,18 +144,12 @@ class FederatedStrategy(Strategy):
         Central test-set evaluation; None skips it.
     """
 
-    #: privacy metric keys a client may report, reduced as max over clients of the latest cumulative value
-    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
-
     def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
         self.cfg = cfg
         self.evaluator = evaluator
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.pid_of: dict[int, int] = {}  # node id -> partition id
-        self.history: list[RoundRecord] = []
-        self.privacy: dict[int, dict[str, float]] = {}
-        self.rejected_total = 0
-        self._acc: dict[str, Any] = {}
+        self.init_bookkeeping()
         self.x: FloatArray = self.initial_model()
 
     # ------------------------------------------------------------------ algorithm hooks
@@ -187,46 +272,9 @@ class FederatedStrategy(Strategy):
         else:
             log(ERROR, "round %d: no valid reply; the global model is unchanged", server_round)
         for pid, m in metrics.items():
-            priv = {k: float(v) for k in self.PRIVACY_KEYS if isinstance(v := m.get(k), int | float)}
-            if priv:
-                self.privacy[pid] = priv
+            self.record_privacy(pid, m)
         self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}
         return MetricRecord({k: float(v) for k, v in self._acc["diag"].items()})
-
-    def privacy_summary(self) -> dict[str, float]:
-        """Worst client (max) of each accountant's cumulative epsilon so far."""
-        out: dict[str, float] = {}
-        for key in self.PRIVACY_KEYS:
-            vals = [p[key] for p in self.privacy.values() if key in p]
-            if vals:
-                out[key] = max(vals)
-        return out
-
-    def evaluate_round(self, server_round: int) -> RoundRecord:
-        """Central evaluation + the round's record (appended to `history`) + one progress line."""
-        c = self.cfg
-        rec = RoundRecord(round=server_round)
-        if self.evaluator is not None and (server_round % c.eval_every == 0 or server_round == c.num_server_rounds):
-            ev = self.evaluator(self.global_model())
-            rec.test_accuracy, rec.test_loss = ev.accuracy, ev.loss
-            rec.extra["nnz"] = ev.nnz
-        priv = self.privacy_summary()
-        if c.dp and "eps_eq36" in priv:
-            rec.epsilon, rec.delta = priv["eps_eq36"], c.delta
-        rec.uplink_bytes, rec.downlink_bytes = int(self._acc.get("up", 0)), int(self._acc.get("down", 0))
-        rec.wall_s = time.perf_counter() - float(self._acc.get("t0", time.perf_counter()))
-        rec.extra.update(self._acc.get("diag", {}))
-        rec.extra.update({f"privacy_{k}": v for k, v in priv.items()})
-        self.history.append(rec)
-        acc = "n/a" if rec.test_accuracy is None else f"{rec.test_accuracy:.4f}"
-        eps = "" if rec.epsilon is None else f" eps(36)={rec.epsilon:.3g}"
-        log(
-            INFO,
-            "[round %d/%d] test_acc=%s%s clients=%d rejected=%d up=%.1fkB down=%.1fkB %.2fs",
-            server_round, c.num_server_rounds, acc, eps, int(rec.extra.get("clients", 0)),
-            int(rec.extra.get("rejected", 0)), rec.uplink_bytes / 1e3, rec.downlink_bytes / 1e3, rec.wall_s,
-        )
-        return rec
 
     # ------------------------------------------------------------------ Flower Message API
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -262,10 +310,64 @@ class FederatedStrategy(Strategy):
         log(INFO, "%s: N=%d K=%d rounds=%d dataset=%s dp=%s", type(self).__name__, c.num_clients,
             c.clients_per_round, c.num_server_rounds, c.dataset, c.dp)
 
-    def evaluate_fn(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """`Strategy.start(evaluate_fn=...)` hook: records every round after round 0."""
-        if server_round == 0:
-            return None
-        rec = self.evaluate_round(server_round)
-        out = {"test_accuracy": rec.test_accuracy, "test_loss": rec.test_loss}
-        return MetricRecord({k: float(v) for k, v in out.items() if v is not None})
+
+class BroadcastStrategy(FederatedStrategy):
+    """A server that broadcasts its model x (dense, or top_k' for sparse variants) and decodes uploads of k entries.
+
+    The plumbing DP-FedPDM / BSDP-FedPDM and the baselines share: x_0^0, the downlink encoded once per round,
+    the k check on uploads. Subclasses implement `aggregate` (and may add config or a second downlink vector).
+
+    Parameters
+    ----------
+    cfg
+        Run config: num-clients N, clients-per-round K, first-round-all, seed, init-std, and for the sparse
+        variants alpha-up / alpha-down.
+    evaluator
+        Central test-set evaluation; None skips it (default None).
+    """
+
+    #: False: dense downlink and uploads; True: top_k' downlink and k = alpha_U d uploaded entries (the "-sparse" keys)
+    sparse = False
+
+    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
+        self.dim = build_model(cfg).dim
+        self._downlink: tuple[int, list[NDArray[Any]], int] | None = None
+        super().__init__(cfg, evaluator)
+
+    def initial_model(self) -> FloatArray:
+        """x_0^0 ~ N(0, init_std^2) i.i.d., seeded (the same start as DP-FedPDM, spec A9)."""
+        return rng_for(self.cfg.seed, STREAM_INIT).normal(0.0, self.cfg.init_std, size=self.dim)
+
+    @property
+    def upload_k(self) -> int:
+        """Number of entries each client uploads: alpha_U d for the sparse variants, else d."""
+        return resolve_k(self.cfg.alpha_up, self.dim) if self.sparse else self.dim
+
+    def downlink_indices(self) -> NDArray[np.int64]:
+        """All d indices, or the indices of top_k'(x) (k' = alpha_D d) for the sparse variants."""
+        d = self.dim
+        k = resolve_k(self.cfg.alpha_down, d) if self.sparse else d
+        return top_k(self.x, k) if k < d else np.arange(d, dtype=np.int64)
+
+    def encode_downlink(self, idx: NDArray[np.int64]) -> tuple[list[NDArray[Any]], int]:
+        """Codec arrays and format code of x at ``idx`` (sparse only when fewer than d entries)."""
+        v = SparseVector(indices=idx, values=self.x[idx], dim=self.dim)
+        return to_arrays(encode_sparse(v) if len(idx) < self.dim else encode_dense(v.to_dense()))
+
+    def round_config(self) -> dict[str, Scalar]:
+        """Algorithm-specific config sent with the model (none for FedAvg)."""
+        return {}
+
+    def client_payload(self, server_round: int, partition_id: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
+        if self._downlink is None or self._downlink[0] != server_round:  # encode once per round, send to all
+            arrays, code = self.encode_downlink(self.downlink_indices())
+            self._downlink = (server_round, arrays, code)
+        _, arrays, code = self._downlink
+        return arrays, {FORMAT_KEY: code, **self.round_config()}
+
+    def decode_update(self, server_round: int, partition_id: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
+        k = self.upload_k
+        v = decode_vector(from_arrays(arrays, metrics.get(FORMAT_KEY)), self.dim, max_k=k)
+        if v.k != k:
+            raise ValueError(f"expected k={k} uploaded values, got {v.k}")
+        return v

@@ -16,96 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
 from clients.fedavg import PROX_KEY
 from fedapp.algorithms.local_sgd import model_average
-from fedapp.compression.codec import (
-    SparseVector,
-    decode_vector,
-    encode_dense,
-    encode_sparse,
-)
-from fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
-from fedapp.compression.sparsify import resolve_k, top_k
-from fedapp.config import RunConfig
-from fedapp.models.base import FloatArray
-from fedapp.sampling import STREAM_INIT, rng_for
-from fedapp.strategy_base import FederatedStrategy, Scalar
-from fedapp.task import Evaluator, build_model
+from fedapp.strategy_base import BroadcastStrategy, Scalar, round_diagnostics
 
 
-class LocalSGDStrategy(FederatedStrategy):
-    """Shared server plumbing of the baselines: x_0^0, the (top_k') downlink, decoding, round diagnostics.
-
-    Parameters
-    ----------
-    cfg
-        Run config: num-clients N, clients-per-round K, first-round-all, seed, init-std, and for the sparse
-        variants alpha-up / alpha-down.
-    evaluator
-        Central test-set evaluation; None skips it (default None).
-    """
-
-    #: False: dense downlink and uploads; True: top_k' downlink and k = alpha_U d uploaded entries (the "-sparse" keys)
-    sparse = False
-
-    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
-        self.dim = build_model(cfg).dim
-        self._downlink: tuple[int, list[NDArray[Any]], int] | None = None
-        super().__init__(cfg, evaluator)
-
-    def initial_model(self) -> FloatArray:
-        """x_0^0 ~ N(0, init_std^2) i.i.d., seeded (the same start as DP-FedPDM, spec A9)."""
-        return rng_for(self.cfg.seed, STREAM_INIT).normal(0.0, self.cfg.init_std, size=self.dim)
-
-    @property
-    def upload_k(self) -> int:
-        """Number of entries each client uploads: alpha_U d for the sparse variants, else d."""
-        return resolve_k(self.cfg.alpha_up, self.dim) if self.sparse else self.dim
-
-    def downlink_indices(self) -> NDArray[np.int64]:
-        """All d indices, or the indices of top_k'(x) (k' = alpha_D d) for the sparse variants."""
-        d = self.dim
-        k = resolve_k(self.cfg.alpha_down, d) if self.sparse else d
-        return top_k(self.x, k) if k < d else np.arange(d, dtype=np.int64)
-
-    def encode_downlink(self, idx: NDArray[np.int64]) -> tuple[list[NDArray[Any]], int]:
-        """Codec arrays and format code of x at ``idx`` (sparse only when fewer than d entries)."""
-        v = SparseVector(indices=idx, values=self.x[idx], dim=self.dim)
-        return to_arrays(encode_sparse(v) if len(idx) < self.dim else encode_dense(v.to_dense()))
-
-    def round_config(self) -> dict[str, Scalar]:
-        """Algorithm-specific config sent with the model (none for FedAvg)."""
-        return {}
-
-    def client_payload(self, server_round: int, partition_id: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
-        if self._downlink is None or self._downlink[0] != server_round:  # encode once per round, send to all
-            arrays, code = self.encode_downlink(self.downlink_indices())
-            self._downlink = (server_round, arrays, code)
-        _, arrays, code = self._downlink
-        return arrays, {FORMAT_KEY: code, **self.round_config()}
-
-    def decode_update(self, server_round: int, partition_id: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
-        k = self.upload_k
-        v = decode_vector(from_arrays(arrays, metrics.get(FORMAT_KEY)), self.dim, max_k=k)
-        if v.k != k:
-            raise ValueError(f"expected k={k} uploaded values, got {v.k}")
-        return v
-
-    def diagnostics(self, counts: NDArray[np.int64], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
-        """Coverage of the aggregated coordinates, mean Q and training loss, and mean sigma / eps_round under DP."""
-        diag = {
-            "coverage": float(np.mean(counts > 0)),
-            "mean_Q": float(np.mean([m.get("Q", np.nan) for m in metrics.values()])),
-            "mean_train_loss": float(np.mean([m.get("train_loss", np.nan) for m in metrics.values()])),
-        }
-        sig = [m["sigma"] for m in metrics.values() if "sigma" in m]
-        if sig:
-            diag["mean_sigma"] = float(np.mean(sig))
-            diag["mean_eps_round"] = float(np.mean([m["eps_round"] for m in metrics.values()]))
-        return diag
+class LocalSGDStrategy(BroadcastStrategy):
+    """Server side shared by the local-SGD baselines (FedAvg, FedProx, SCAFFOLD, FedDyn)."""
 
 
 class FedAvg(LocalSGDStrategy):
@@ -113,7 +30,7 @@ class FedAvg(LocalSGDStrategy):
 
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
         self.x, counts = model_average([updates[p] for p in sorted(updates)], self.dim)
-        return self.diagnostics(counts, metrics)
+        return round_diagnostics(counts, metrics)
 
 
 class SparseFedAvg(FedAvg):

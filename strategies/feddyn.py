@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from fedapp.algorithms.local_sgd import feddyn_server_update
 from fedapp.config import RunConfig
+from fedapp.strategy_base import round_diagnostics
 from fedapp.task import Evaluator
 from strategies.fedavg import LocalSGDStrategy
 
@@ -47,7 +48,7 @@ class FedDyn(LocalSGDStrategy):
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
         thetas = [updates[p] for p in sorted(updates)]
         self.x, self.h, counts = feddyn_server_update(self.h, thetas, self.sent, self.cfg.feddyn_alpha, self.cfg.num_clients)
-        return {**self.diagnostics(counts, metrics), "h_norm": float(np.linalg.norm(self.h))}
+        return {**round_diagnostics(counts, metrics), "h_norm": float(np.linalg.norm(self.h))}
 
 
 class SparseFedDyn(FedDyn):

@@ -39,9 +39,8 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 
 from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
-from fedapp.results import RoundRecord
 from fedapp.sampling import STREAM_INIT, rng_for
-from fedapp.strategy_base import FederatedStrategy
+from fedapp.strategy_base import RoundBookkeeping
 from fedapp.task import Evaluator, build_model
 from fedapp.wire import recorddict_nbytes
 
@@ -53,7 +52,7 @@ class FlowerOnlyError(RuntimeError):
     """A Flower built-in strategy was asked to run without Flower (e.g. on the in-process driver)."""
 
 
-class FlowerBuiltinMixin(FedAvg):
+class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
     """The members our server app needs, around a Flower built-in strategy (FedAvg or a subclass).
 
     Put it first in the bases (``class X(FlowerBuiltinMixin, FedProx)``) so that its ``configure_train`` /
@@ -71,10 +70,7 @@ class FlowerBuiltinMixin(FedAvg):
         self.cfg = cfg
         self.evaluator = evaluator
         self.x: FloatArray = rng_for(cfg.seed, STREAM_INIT).normal(0.0, cfg.init_std, size=build_model(cfg).dim)
-        self.history: list[RoundRecord] = []
-        self.privacy: dict[int, dict[str, float]] = {}  # node id -> latest cumulative privacy metrics
-        self.rejected_total = 0
-        self._acc: dict[str, Any] = {}
+        self.init_bookkeeping()  # privacy is keyed by node id here (no partition map)
         super().__init__(**self.flower_kwargs())
 
     def flower_kwargs(self) -> dict[str, Any]:
@@ -89,39 +85,6 @@ class FlowerBuiltinMixin(FedAvg):
     def global_model(self) -> FloatArray:
         """The last aggregated model (float64), evaluated centrally and saved by the runner."""
         return self.x
-
-    def privacy_summary(self) -> dict[str, float]:
-        """Worst node (max) of each accountant's cumulative epsilon so far."""
-        out: dict[str, float] = {}
-        for key in FederatedStrategy.PRIVACY_KEYS:
-            vals = [p[key] for p in self.privacy.values() if key in p]
-            if vals:
-                out[key] = max(vals)
-        return out
-
-    def evaluate_fn(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """`Strategy.start(evaluate_fn=...)` hook: central evaluation and the round's record, every round after 0."""
-        if server_round == 0:
-            return None
-        c = self.cfg
-        rec = RoundRecord(round=server_round)
-        if self.evaluator is not None and (server_round % c.eval_every == 0 or server_round == c.num_server_rounds):
-            ev = self.evaluator(self.x)
-            rec.test_accuracy, rec.test_loss = ev.accuracy, ev.loss
-            rec.extra["nnz"] = ev.nnz
-        priv = self.privacy_summary()
-        if c.dp and "eps_eq36" in priv:
-            rec.epsilon, rec.delta = priv["eps_eq36"], c.delta
-        rec.uplink_bytes, rec.downlink_bytes = int(self._acc.get("up", 0)), int(self._acc.get("down", 0))
-        rec.wall_s = time.perf_counter() - float(self._acc.get("t0", time.perf_counter()))
-        rec.extra.update(self._acc.get("diag", {}))
-        rec.extra.update({f"privacy_{k}": v for k, v in priv.items()})
-        self.history.append(rec)
-        log(INFO, "[round %d/%d] %s test_acc=%s clients=%d up=%.1fkB down=%.1fkB", server_round,
-            c.num_server_rounds, type(self).__name__, "n/a" if rec.test_accuracy is None else f"{rec.test_accuracy:.4f}",
-            int(rec.extra.get("clients", 0)), rec.uplink_bytes / 1e3, rec.downlink_bytes / 1e3)
-        out = {"test_accuracy": rec.test_accuracy, "test_loss": rec.test_loss}
-        return MetricRecord({k: float(v) for k, v in out.items() if v is not None})
 
     def summary(self) -> None:
         """Log our run settings, then Flower's own summary."""
@@ -148,18 +111,13 @@ class FlowerBuiltinMixin(FedAvg):
         if arrays is not None:
             self.x = np.asarray(arrays.to_numpy_ndarrays()[0], dtype=np.float64).reshape(-1)
         for r in ok:
-            self._record_privacy(r.metadata.src_node_id, r.content)
+            for rec in r.content.metric_records.values():
+                self.record_privacy(r.metadata.src_node_id, rec)
         diag = {"clients": float(len(ok)), "rejected": float(len(replies) - len(ok))}
         if metrics is not None:
             diag.update({f"mean_{k}": float(v) for k in _MEANS if isinstance(v := metrics.get(k), int | float)})
         self._acc["diag"] = diag
         return arrays, metrics
-
-    def _record_privacy(self, node_id: int, content: RecordDict) -> None:
-        for rec in content.metric_records.values():
-            priv = {k: float(v) for k in FederatedStrategy.PRIVACY_KEYS if isinstance(v := rec.get(k), int | float)}
-            if priv:
-                self.privacy[node_id] = priv
 
     # ------------------------------------------------------------------ the in-process driver
     def attach(self, node_of: dict[int, int]) -> None:

@@ -23,6 +23,7 @@ from fedapp.compression.codec import SparseVector
 from fedapp.compression.paired import pair_from_arrays, pair_to_arrays
 from fedapp.compression.payload import FORMAT_KEY
 from fedapp.config import RunConfig
+from fedapp.strategy_base import round_diagnostics
 from fedapp.task import Evaluator
 from strategies.fedavg import LocalSGDStrategy
 
@@ -61,7 +62,7 @@ class Scaffold(LocalSGDStrategy):
         self.x, self.c, counts = scaffold_server_update(
             self.x, self.c, [updates[p][0] for p in pids], [updates[p][1] for p in pids], self.cfg.num_clients
         )
-        return {**self.diagnostics(counts, metrics), "control_norm": float(np.linalg.norm(self.c))}
+        return {**round_diagnostics(counts, metrics), "control_norm": float(np.linalg.norm(self.c))}
 
 
 class SparseScaffold(Scaffold):
