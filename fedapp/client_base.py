@@ -122,8 +122,11 @@ class FedClient(NumPyClient):
         }
 
     def encode(self, idx: NDArray[np.int64], values: FloatArray) -> tuple[list[NDArray[Any]], int]:
-        """Wire arrays and format code: the dense vector, or k values plus compact indices (sparse variants)."""
-        if self.sparse_uplink:
+        """Wire arrays and format code: the dense vector, or k values plus compact indices (sparse variants).
+
+        A sparse upload that kept every coordinate (alpha_U = 1) goes dense: the index set carries nothing.
+        """
+        if self.sparse_uplink and len(idx) < self.model.dim:
             return to_arrays(encode_sparse(SparseVector(indices=idx, values=values, dim=self.model.dim)))
         return to_arrays(encode_dense(values))
 
