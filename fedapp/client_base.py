@@ -77,9 +77,9 @@ class FedClient(NumPyClient):
         """Persist the ledger as a ConfigRecord of float lists."""
         self.node_context.state["privacy"] = ConfigRecord(ledger.to_record())  # type: ignore[arg-type]
 
-    def rng(self, server_round: int, stream: int = 0) -> np.random.Generator:
-        """Per-(client, round, stream) generator: reproducible across drivers, independent across clients."""
-        return rng_for(self.cfg.seed, STREAM_CLIENT, self.partition_id, server_round, stream)
+    def rng(self, server_round: int, stream: int = 0, *extra: int) -> np.random.Generator:
+        """Per-(client, round, stream[, extra]) generator: reproducible across drivers, independent across clients."""
+        return rng_for(self.cfg.seed, STREAM_CLIENT, self.partition_id, server_round, stream, *extra)
 
     # ---------------------------------------------------------------- uplink: sparsify, privatize, encode
     def uplink_indices(self, v: FloatArray, server_round: int) -> NDArray[np.int64]:

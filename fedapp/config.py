@@ -57,7 +57,7 @@ class RunConfig:
     dataset: str = field(default="mnist", metadata=_key("dataset", _choice(*DATASETS)))
     data_source: str = field(default="offline", metadata=_key("data-source", _choice("offline", "online")))
     partitioner: str = field(default="paper", metadata=_key("partitioner", _choice("paper", "iid", "dirichlet", "label-k")))
-    model: str = field(default="l1-logistic", metadata=_key("model", _choice("l1-logistic", "multinomial")))
+    model: str = field(default="l1-logistic", metadata=_key("model", _choice("l1-logistic", "multinomial", "multinomial-nobias")))
     num_clients: int = field(default=100, metadata=_key("num-clients", lambda v: v >= 1))
     clients_per_round: int = field(default=30, metadata=_key("clients-per-round", lambda v: v >= 1))
     first_round_all: bool = field(default=True, metadata=_key("first-round-all", None, "S_0 = [N] (Alg. 1 line 2)"))
@@ -92,6 +92,25 @@ class RunConfig:
     samples_per_client: int = field(default=0, metadata=_key("samples-per-client", _nonneg, "0 = all data / N"))
     eval_every: int = field(default=1, metadata=_key("eval-every", lambda v: v >= 1))
     node_wait_s: float = field(default=120.0, metadata=_key("node-wait-s", _positive))
+    # ---- DP-IADMM family (seed 002: dp-iadmm, objp, objpm, outp); defaults are the paper's MNIST settings
+    local_updates: int = field(default=1, metadata=_key("local-updates", lambda v: v >= 1, "E of Alg. 1 (dp-iadmm)"))
+    iadmm_epsilon: float = field(default=0.05, metadata=_key("iadmm-epsilon", _positive, "epsilon-bar per local solve"))
+    iadmm_beta: float = field(default=1e-6, metadata=_key("iadmm-beta", _nonneg, "beta of (1): (beta/P)||z||^2 in f_p"))
+    rho_schedule: str = field(default="paper24", metadata=_key("rho-schedule", _choice("paper24", "const")))
+    rho_c1: float = field(default=2.0, metadata=_key("rho-c1", _positive, "c1 of (24)"))
+    rho_c2: float = field(default=5.0, metadata=_key("rho-c2", _nonneg, "c2 of (24)"))
+    rho_period: int = field(default=10000, metadata=_key("rho-period", lambda v: v >= 1, "T_c of (24)"))
+    rho_max: float = field(default=1e9, metadata=_key("rho-max", _positive, "cap of (24)"))
+    eta_schedule: str = field(default="inv-sqrt", metadata=_key("eta-schedule", _choice("inv-sqrt", "const")))
+    eta_scale: float = field(default=1.0, metadata=_key("eta-scale", _positive, "a in eta^t = a/sqrt(t)"))
+    sensitivity_mode: str = field(default="paper", metadata=_key("sensitivity-mode", _choice("paper", "bounded")))
+    clip_l1: float = field(default=784.0, metadata=_key("clip-l1", _positive, "C1 of the bounded sensitivity"))
+    outp_delta: float = field(default=1e-6, metadata=_key("outp-delta", _prob, "delta-bar of OutP"))
+    outp_noise_std: str = field(default="sigma", metadata=_key("outp-noise-std", _choice("sigma", "sigma-squared")))
+    outp_order: str = field(default="huang", metadata=_key("outp-order", _choice("huang", "alg1")))
+    outp_grad_scale: str = field(default="local", metadata=_key("outp-grad-scale", _choice("local", "global")))
+    noise_seed: int = field(default=0, metadata=_key("noise-seed", _nonneg, "varies only the DP noise"))
+    total_samples: int = field(default=0, metadata=_key("total-samples", _nonneg, "I; 0 = from the partition"))
 
     @property
     def horizon(self) -> int:
@@ -175,6 +194,9 @@ def parse_run_config(raw: Mapping[str, Any], *, algorithms: Mapping[str, Any] | 
         algorithms = ALGORITHMS
     if cfg.algorithm not in algorithms:
         raise ConfigError(f"run config key 'algorithm' has unknown value {cfg.algorithm!r}; registered: {', '.join(sorted(algorithms))}")
+    check = getattr(algorithms[cfg.algorithm], "validate", None)
+    if callable(check):
+        check(cfg)
     if cfg.clients_per_round > cfg.num_clients:
         raise ConfigError(
             f"run config key 'clients-per-round' ({cfg.clients_per_round}) exceeds 'num-clients' ({cfg.num_clients})"
@@ -195,6 +217,18 @@ _RANGES = {
     "feddyn-alpha": "> 0",
     "dirichlet-alpha": "> 0",
     "node-wait-s": "> 0",
+    "iadmm-epsilon": "> 0",
+    "rho-c1": "> 0",
+    "rho-max": "> 0",
+    "eta-scale": "> 0",
+    "clip-l1": "> 0",
+    "outp-delta": "in (0, 1)",
+    "iadmm-beta": ">= 0",
+    "rho-c2": ">= 0",
+    "noise-seed": ">= 0",
+    "total-samples": ">= 0",
+    "local-updates": ">= 1",
+    "rho-period": ">= 1",
     "nu": ">= 0",
     "beta": ">= 0",
     "gamma": ">= 0",

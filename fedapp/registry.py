@@ -23,6 +23,12 @@ COMMON_KEYS = (
 DP_KEYS = ("epsilon-total", "delta", "clip-norm", "c0", "privacy-q-power", "privacy-horizon")
 FEDPDM_KEYS = ("rho", "nu", "gamma")
 SPARSE_KEYS = ("alpha-up", "alpha-down", "uplink-sparsifier")
+IADMM_KEYS = (
+    "iadmm-epsilon", "iadmm-beta", "rho-schedule", "rho", "rho-c1", "rho-c2", "rho-period", "rho-max", "noise-seed",
+    "total-samples",
+)
+OBJP_KEYS = (*IADMM_KEYS, "eta-schedule", "eta-scale", "sensitivity-mode", "clip-l1")
+OUTP_KEYS = (*IADMM_KEYS, "outp-delta", "outp-noise-std", "outp-order", "outp-grad-scale")
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,15 @@ class AlgorithmSpec:
     keys: tuple[str, ...]
     summary: str
     paper: str
+    #: dotted path of a `validate(cfg)` function with the algorithm's own run-config rules ("" = none)
+    checks: str = ""
+    #: False for algorithms whose privacy keys are their own (the DP_KEYS of seed 000 are not echoed)
+    uses_dp_keys: bool = True
+
+    def validate(self, cfg: RunConfig) -> None:
+        """Apply the algorithm's own run-config rules (raise ConfigError naming the key)."""
+        if self.checks:
+            _load(self.checks)(cfg)
 
     def strategy_cls(self) -> type[FederatedStrategy]:
         return _load(self.strategy)  # type: ignore[no-any-return]
@@ -44,7 +59,7 @@ class AlgorithmSpec:
     def used_config(self, cfg: RunConfig) -> dict[str, Any]:
         """The hyperparameters this algorithm actually reads (echoed under "config" in results.json)."""
         full = cfg.to_run_config()
-        keys = COMMON_KEYS + self.keys + (DP_KEYS if cfg.dp else ())
+        keys = COMMON_KEYS + self.keys + (DP_KEYS if cfg.dp and self.uses_dp_keys else ())
         return {k: full[k] for k in full if k in keys}
 
 
@@ -59,6 +74,9 @@ SEED000 = "Li et al., Privacy-preserving Federated Primal-dual Learning ..., arX
 FEDAVG_PAPER = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
 FEDPROX_PAPER = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
 SCAFFOLD_PAPER = "Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020"
+SEED002 = "Ryu & Kim, Differentially Private Federated Learning via Inexact ADMM with Multiple Local Updates"
+HUANG_PAPER = "Huang et al., DP-ADMM: ADMM-based Distributed Learning with Differential Privacy, IEEE TIFS 15, 2020"
+IADMM_CHECKS = "fedapp.algorithms.iadmm:validate_config"
 FEDDYN_PAPER = "Acar et al., Federated Learning Based on Dynamic Regularization, ICLR 2021"
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
@@ -105,6 +123,25 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "feddyn-sparse": AlgorithmSpec(
         "strategies.feddyn:SparseFedDyn", "clients.feddyn:SparseFedDynClient", ("gamma", "feddyn-alpha", *SPARSE_KEYS),
         "FedDyn with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDDYN_PAPER,
+    ),
+    # Seed 002 (spec shared/specs/dp_iadmm.md): all agents every round, duals replicated on server and agents.
+    "dp-iadmm": AlgorithmSpec(
+        "strategies.iadmm:DPIADMM", "clients.iadmm:IADMMClient", (*OBJP_KEYS, "local-updates"),
+        "DP-IADMM (Alg. 1): E Laplace objective-perturbed inexact ADMM solves per round, average sent", SEED002,
+        IADMM_CHECKS, False,
+    ),
+    "objp": AlgorithmSpec(
+        "strategies.iadmm:DPIADMM", "clients.iadmm:IADMMClient", OBJP_KEYS,
+        "ObjP: DP-IADMM with E = 1 (Section IV)", SEED002, IADMM_CHECKS, False,
+    ),
+    "objpm": AlgorithmSpec(
+        "strategies.iadmm:DPIADMM", "clients.iadmm:IADMMClient", OBJP_KEYS,
+        "ObjPM: DP-IADMM with E = 10 local updates (Section IV)", SEED002, IADMM_CHECKS, False,
+    ),
+    "outp": AlgorithmSpec(
+        "strategies.iadmm:OutP", "clients.iadmm:OutPClient", OUTP_KEYS,
+        "OutP baseline: inexact ADMM with Gaussian output perturbation, (eps, delta)-DP (reference code, spec 5.2)",
+        HUANG_PAPER, IADMM_CHECKS, False,
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(

@@ -101,7 +101,8 @@ def plot_results(docs: list[dict[str, Any]], png: str | os.PathLike[str], *, lab
         title = f"{d['algorithm']} on {d['dataset']} ({d['engine']})"
     ax.set_title(title or "test accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a run without evaluated rounds has nothing to label
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

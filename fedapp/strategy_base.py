@@ -53,10 +53,12 @@ class RoundBookkeeping:
     """
 
     #: privacy metric keys a client may report, reduced as max over clients of the latest cumulative value
-    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
+    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic", "eps_advanced", "delta_advanced")
 
     cfg: RunConfig
     evaluator: Evaluator | None
+    #: name of the headline epsilon in the per-round progress line
+    privacy_label = "eps(36)"
 
     def init_bookkeeping(self) -> None:
         """Empty history, privacy table and per-round accumulators."""
@@ -84,6 +86,12 @@ class RoundBookkeeping:
                 out[key] = max(vals)
         return out
 
+    def headline_privacy(self, priv: Mapping[str, float]) -> tuple[float | None, float | None]:
+        """(epsilon, delta) of results.json's round record: the worst client's eq. (36) figure (seed 000)."""
+        if "eps_eq36" in priv:
+            return priv["eps_eq36"], self.cfg.delta
+        return None, None
+
     def evaluate_round(self, server_round: int) -> RoundRecord:
         """Central evaluation + the round's record (appended to `history`) + one progress line."""
         c = self.cfg
@@ -93,15 +101,15 @@ class RoundBookkeeping:
             rec.test_accuracy, rec.test_loss = ev.accuracy, ev.loss
             rec.extra["nnz"] = ev.nnz
         priv = self.privacy_summary()
-        if c.dp and "eps_eq36" in priv:
-            rec.epsilon, rec.delta = priv["eps_eq36"], c.delta
+        if c.dp:
+            rec.epsilon, rec.delta = self.headline_privacy(priv)
         rec.uplink_bytes, rec.downlink_bytes = int(self._acc.get("up", 0)), int(self._acc.get("down", 0))
         rec.wall_s = time.perf_counter() - float(self._acc.get("t0", time.perf_counter()))
         rec.extra.update(self._acc.get("diag", {}))
         rec.extra.update({f"privacy_{k}": v for k, v in priv.items()})
         self.history.append(rec)
         acc = "n/a" if rec.test_accuracy is None else f"{rec.test_accuracy:.4f}"
-        eps = "" if rec.epsilon is None else f" eps(36)={rec.epsilon:.3g}"
+        eps = "" if rec.epsilon is None else f" {self.privacy_label}={rec.epsilon:.3g}"
         log(
             INFO,
             "[round %d/%d] test_acc=%s%s clients=%d rejected=%d up=%.1fkB down=%.1fkB %.2fs",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedapp.config import RunConfig
-from fedapp.data import ArrayDataset, DatasetInfo, load_dataset, load_partition
+from fedapp.data import ArrayDataset, DatasetInfo, load_dataset, load_partition, partition_indices
 from fedapp.models import LinearModel, make_model
 from fedapp.models.base import FloatArray
 
@@ -34,10 +34,27 @@ def client_dataset(cfg: RunConfig, partition_id: int, num_partitions: int) -> Ar
     )
 
 
+def total_train_samples(cfg: RunConfig) -> int:
+    """I = sum of the num-clients partition sizes (every DP-IADMM agent scales its loss by 1/I, spec 9.3)."""
+    train, _, _ = load_dataset(cfg.dataset, source=cfg.data_source)
+    parts = partition_indices(
+        train.y, cfg.partitioner, cfg.num_clients, cfg.seed, labels_per_client=cfg.labels_per_client,
+        samples_per_client=cfg.samples_per_client or None, dirichlet_alpha=cfg.dirichlet_alpha,
+    )
+    return int(sum(len(p) for p in parts))
+
+
 def build_model(cfg: RunConfig, info: DatasetInfo | None = None) -> LinearModel:
-    """The numpy model of the run; beta is the non-convexity weight of (41) (or the l2 weight of softmax)."""
+    """The numpy model of the run; beta is the non-convexity weight of (41) (or the l2 weight of softmax).
+
+    For the DP-IADMM family the l2 weight is 2 * iadmm-beta, so that the model's loss (mean cross-entropy +
+    (l2/2)||w||^2) is the paper's objective (1) on the data it is given.
+    """
+    from fedapp.algorithms.iadmm import IADMM_ALGORITHMS
+
     info = info or dataset_info(cfg)
-    return make_model(cfg.model, info.num_classes, info.num_features, beta=cfg.beta)
+    beta = 2.0 * cfg.iadmm_beta if cfg.algorithm in IADMM_ALGORITHMS else cfg.beta
+    return make_model(cfg.model, info.num_classes, info.num_features, beta=beta)
 
 
 @dataclass(frozen=True)

@@ -71,19 +71,20 @@ def _flwr(args: list[str], env: dict[str, str], *, capture: bool = True, timeout
 
 def run_flower(
     overrides: dict[str, Any], out_dir: Path, *, num_supernodes: int | None = None, connection: str | None = None,
-    stream: bool = True, timeout: float = 3600.0, env: dict[str, str] | None = None,
+    stream: bool = True, timeout: float = 3600.0, env: dict[str, str] | None = None, simulation: bool = False,
 ) -> FlowerRun:
     """Submit the app with run-config `overrides`, follow its logs, and return once it has finished.
 
     `connection` None means the local simulation SuperLink (`flwr run .`); otherwise a connection name from
-    $FLWR_HOME/config.toml (e.g. a deployment SuperLink).
+    $FLWR_HOME/config.toml (e.g. a deployment SuperLink); with `simulation=True` that connection is a simulation
+    SuperLink and gets `num_supernodes` like the local one.
     """
     env = env or flwr_env()
     out_dir = out_dir.resolve()  # the ServerApp's cwd is the SuperLink daemon's, not ours
     cfg = {**overrides, "out-dir": str(out_dir)}
     args = ["run", str(ROOT)] + ([connection] if connection else []) + ["--format", "json"]
     args += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())]
-    if connection is None and num_supernodes is not None:
+    if num_supernodes is not None and (connection is None or simulation):
         args += ["--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus=1"]
     out = _flwr(args, env, timeout=120)
     try:

@@ -28,6 +28,7 @@ __all__ = [
     "encode_dense",
     "encode_sparse",
     "payload_nbytes",
+    "wire_round",
 ]
 
 _DENSE, _VAL, _IDX, _MASK = "dense", "val", "idx", "mask"
@@ -130,6 +131,15 @@ def encode_sparse(v: SparseVector) -> dict[str, NDArray[Any]]:
 def encode_dense(x: NDArray[Any]) -> dict[str, NDArray[Any]]:
     """Encode a dense vector as ``{"dense": float32[d]}`` (flattened row-major)."""
     return {_DENSE: np.asarray(x).reshape(-1).astype(np.float32)}
+
+
+def wire_round(x: NDArray[Any]) -> NDArray[np.float64]:
+    """The float64 value the receiver decodes from a dense upload or downlink of ``x`` (float32 on the wire).
+
+    Algorithms whose two ends must compute identical numbers from a transmitted vector (DP-IADMM's replicated
+    duals, spec 9.8) apply this to the sender's copy, so sender and receiver use the same array.
+    """
+    return np.asarray(x, dtype=np.float64).astype(np.float32).astype(np.float64)
 
 
 def _array(arrays: Mapping[str, Any], key: str) -> NDArray[Any]:

@@ -75,7 +75,9 @@ class LinearModel(ABC):
 
 
 def make_model(name: str, num_classes: int, num_features: int, *, beta: float = 0.0) -> LinearModel:
-    """Build a numpy model by name: "l1-logistic" (eqs. 40-42) or "multinomial" (softmax regression)."""
+    """Build a numpy model by name: "l1-logistic" (eqs. 40-42), "multinomial" (softmax regression) or
+    "multinomial-nobias" (seed 002's eq. (63): softmax regression without the bias column; ``num_features`` counts
+    the loaded columns, bias included, and the model uses ``num_features - 1`` of them)."""
     from fedapp.models.l1_logistic import NonconvexL1Logistic
     from fedapp.models.multinomial import MultinomialLogistic
 
@@ -83,4 +85,6 @@ def make_model(name: str, num_classes: int, num_features: int, *, beta: float = 
         return NonconvexL1Logistic(num_classes, num_features, beta=beta)
     if name == "multinomial":
         return MultinomialLogistic(num_classes, num_features, l2=beta)
-    raise ValueError(f"unknown model {name!r}; valid: 'l1-logistic', 'multinomial'")
+    if name == "multinomial-nobias":
+        return MultinomialLogistic(num_classes, num_features - 1, l2=beta, bias=False)
+    raise ValueError(f"unknown model {name!r}; valid: 'l1-logistic', 'multinomial', 'multinomial-nobias'")
