@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedapp.config import RunConfig
-from fedapp.data import ArrayDataset, DatasetInfo, load_dataset, load_partition, partition_indices
-from fedapp.models import LinearModel, make_model
-from fedapp.models.base import FloatArray
+from fedapp.data.partition import load_partition, partition_indices
+from fedapp.data.sources import ArrayDataset, DatasetInfo, load_dataset
+from fedapp.models.base import FloatArray, LinearModel, make_model
 
 
 def dataset_info(cfg: RunConfig) -> DatasetInfo:

@@ -1,23 +1,39 @@
 """Communication compression: sparsifiers (top-k, rand-k) and the compact wire codec for sparse vectors."""
 
-from fedapp.compression.codec import (
-    MalformedPayload,
-    SparseVector,
-    decode_vector,
-    encode_dense,
-    encode_sparse,
-    payload_nbytes,
-)
-from fedapp.compression.sparsify import rand_k, resolve_k, top_k
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "MalformedPayload",
-    "SparseVector",
-    "decode_vector",
-    "encode_dense",
-    "encode_sparse",
-    "payload_nbytes",
-    "rand_k",
-    "resolve_k",
-    "top_k",
-]
+from fedapp.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedapp.compression.codec import (
+        MalformedPayload as MalformedPayload,
+    )
+    from fedapp.compression.codec import (
+        SparseVector as SparseVector,
+    )
+    from fedapp.compression.codec import (
+        decode_vector as decode_vector,
+    )
+    from fedapp.compression.codec import (
+        encode_dense as encode_dense,
+    )
+    from fedapp.compression.codec import (
+        encode_sparse as encode_sparse,
+    )
+    from fedapp.compression.codec import (
+        payload_nbytes as payload_nbytes,
+    )
+    from fedapp.compression.sparsify import (
+        rand_k as rand_k,
+    )
+    from fedapp.compression.sparsify import (
+        resolve_k as resolve_k,
+    )
+    from fedapp.compression.sparsify import (
+        top_k as top_k,
+    )
+
+__getattr__, __all__ = lazy_exports(__name__, {
+    "codec": ["MalformedPayload", "SparseVector", "decode_vector", "encode_dense", "encode_sparse", "payload_nbytes"],
+    "sparsify": ["rand_k", "resolve_k", "top_k"],
+})

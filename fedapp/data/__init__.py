@@ -5,48 +5,70 @@
 * :mod:`fedapp.data.synthetic`: small seeded datasets for tests and fast runs.
 """
 
-from fedapp.data.partition import (
-    SCHEMES,
-    clear_partition_cache,
-    largest_remainder,
-    load_partition,
-    paper_partition,
-    partition_indices,
-)
-from fedapp.data.sources import (
-    REAL_DATASETS,
-    SOURCES,
-    ArrayDataset,
-    DatasetInfo,
-    dataset_names,
-    images_to_features,
-    load_dataset,
-    read_idx,
-)
-from fedapp.data.synthetic import (
-    SYNTHETIC_PRESETS,
-    load_synthetic,
-    make_classification,
-    make_lasso_problem,
-)
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "REAL_DATASETS",
-    "SCHEMES",
-    "SOURCES",
-    "SYNTHETIC_PRESETS",
-    "ArrayDataset",
-    "DatasetInfo",
-    "clear_partition_cache",
-    "dataset_names",
-    "images_to_features",
-    "largest_remainder",
-    "load_dataset",
-    "load_partition",
-    "load_synthetic",
-    "make_classification",
-    "make_lasso_problem",
-    "paper_partition",
-    "partition_indices",
-    "read_idx",
-]
+from fedapp.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedapp.data.partition import (
+        SCHEMES as SCHEMES,
+    )
+    from fedapp.data.partition import (
+        clear_partition_cache as clear_partition_cache,
+    )
+    from fedapp.data.partition import (
+        largest_remainder as largest_remainder,
+    )
+    from fedapp.data.partition import (
+        load_partition as load_partition,
+    )
+    from fedapp.data.partition import (
+        paper_partition as paper_partition,
+    )
+    from fedapp.data.partition import (
+        partition_indices as partition_indices,
+    )
+    from fedapp.data.sources import (
+        REAL_DATASETS as REAL_DATASETS,
+    )
+    from fedapp.data.sources import (
+        SOURCES as SOURCES,
+    )
+    from fedapp.data.sources import (
+        ArrayDataset as ArrayDataset,
+    )
+    from fedapp.data.sources import (
+        DatasetInfo as DatasetInfo,
+    )
+    from fedapp.data.sources import (
+        dataset_names as dataset_names,
+    )
+    from fedapp.data.sources import (
+        images_to_features as images_to_features,
+    )
+    from fedapp.data.sources import (
+        load_dataset as load_dataset,
+    )
+    from fedapp.data.sources import (
+        read_idx as read_idx,
+    )
+    from fedapp.data.synthetic import (
+        SYNTHETIC_PRESETS as SYNTHETIC_PRESETS,
+    )
+    from fedapp.data.synthetic import (
+        load_synthetic as load_synthetic,
+    )
+    from fedapp.data.synthetic import (
+        make_classification as make_classification,
+    )
+    from fedapp.data.synthetic import (
+        make_lasso_problem as make_lasso_problem,
+    )
+
+__getattr__, __all__ = lazy_exports(__name__, {
+    "partition": ["SCHEMES", "clear_partition_cache", "largest_remainder", "load_partition", "paper_partition",
+                  "partition_indices"],
+    "sources": ["REAL_DATASETS", "SOURCES", "ArrayDataset", "DatasetInfo", "dataset_names", "images_to_features",
+                "load_dataset", "read_idx"],
+    "synthetic": ["SYNTHETIC_PRESETS", "load_synthetic", "make_classification", "make_lasso_problem"],
+})

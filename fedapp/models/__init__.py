@@ -1,7 +1,25 @@
 """Model zoo: linear models over flat parameter vectors (numpy) and small torch networks."""
 
-from fedapp.models.base import LinearModel, make_model
-from fedapp.models.l1_logistic import NonconvexL1Logistic
-from fedapp.models.multinomial import MultinomialLogistic
+from typing import TYPE_CHECKING
 
-__all__ = ["LinearModel", "MultinomialLogistic", "NonconvexL1Logistic", "make_model"]
+from fedapp.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedapp.models.base import (
+        LinearModel as LinearModel,
+    )
+    from fedapp.models.base import (
+        make_model as make_model,
+    )
+    from fedapp.models.l1_logistic import (
+        NonconvexL1Logistic as NonconvexL1Logistic,
+    )
+    from fedapp.models.multinomial import (
+        MultinomialLogistic as MultinomialLogistic,
+    )
+
+__getattr__, __all__ = lazy_exports(__name__, {
+    "base": ["LinearModel", "make_model"],
+    "l1_logistic": ["NonconvexL1Logistic"],
+    "multinomial": ["MultinomialLogistic"],
+})

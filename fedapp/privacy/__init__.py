@@ -1,28 +1,50 @@
 """Differential privacy: the Gaussian mechanism with the paper's calibration, the Laplace mechanism, accountants."""
 
-from fedapp.privacy.accountants import PrivacyLedger
-from fedapp.privacy.gaussian import (
-    add_gaussian_noise,
-    data_fraction,
-    fedpdm_sensitivity,
-    gaussian_noise_std,
-    local_sgd_sensitivity,
-    per_round_epsilon_eq36,
-    total_privacy_eq36,
-)
-from fedapp.privacy.laplace import advanced_composition, basic_composition, laplace_noise, laplace_scale
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "PrivacyLedger",
-    "add_gaussian_noise",
-    "advanced_composition",
-    "basic_composition",
-    "data_fraction",
-    "fedpdm_sensitivity",
-    "gaussian_noise_std",
-    "laplace_noise",
-    "laplace_scale",
-    "local_sgd_sensitivity",
-    "per_round_epsilon_eq36",
-    "total_privacy_eq36",
-]
+from fedapp.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedapp.privacy.accountants import (
+        PrivacyLedger as PrivacyLedger,
+    )
+    from fedapp.privacy.gaussian import (
+        add_gaussian_noise as add_gaussian_noise,
+    )
+    from fedapp.privacy.gaussian import (
+        data_fraction as data_fraction,
+    )
+    from fedapp.privacy.gaussian import (
+        fedpdm_sensitivity as fedpdm_sensitivity,
+    )
+    from fedapp.privacy.gaussian import (
+        gaussian_noise_std as gaussian_noise_std,
+    )
+    from fedapp.privacy.gaussian import (
+        local_sgd_sensitivity as local_sgd_sensitivity,
+    )
+    from fedapp.privacy.gaussian import (
+        per_round_epsilon_eq36 as per_round_epsilon_eq36,
+    )
+    from fedapp.privacy.gaussian import (
+        total_privacy_eq36 as total_privacy_eq36,
+    )
+    from fedapp.privacy.laplace import (
+        advanced_composition as advanced_composition,
+    )
+    from fedapp.privacy.laplace import (
+        basic_composition as basic_composition,
+    )
+    from fedapp.privacy.laplace import (
+        laplace_noise as laplace_noise,
+    )
+    from fedapp.privacy.laplace import (
+        laplace_scale as laplace_scale,
+    )
+
+__getattr__, __all__ = lazy_exports(__name__, {
+    "accountants": ["PrivacyLedger"],
+    "gaussian": ["add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
+                 "local_sgd_sensitivity", "per_round_epsilon_eq36", "total_privacy_eq36"],
+    "laplace": ["advanced_composition", "basic_composition", "laplace_noise", "laplace_scale"],
+})
