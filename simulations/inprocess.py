@@ -8,7 +8,6 @@ client keeps its own `Context` (so state lives in `context.state` exactly as und
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from flwr.app import Context, RecordDict
 
@@ -52,4 +51,4 @@ def run_inprocess(cfg: RunConfig, *, evaluate: bool = True) -> tuple[FederatedSt
     return strategy, contexts, time.perf_counter() - t0
 
 
-__all__: list[Any] = ["make_contexts", "run_inprocess", "run_rounds"]
+__all__ = ["make_contexts", "run_inprocess", "run_rounds"]
