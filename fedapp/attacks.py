@@ -1,0 +1,374 @@
+"""SIMULATION ONLY: Byzantine attacks on what a client submits, for experiments on robustness.
+
+Honest code never imports this module. The only legitimate importer is the simulation's adversary oracle (spec
+fedrep.md 10.4), which sees every client's plain submission (``secagg_mode = plain``) and replaces the Byzantine
+ones before buffer averaging; with real masking the server cannot do that, by design.
+
+Yang, Wang, Li, "FedREP" (seed 003), Sec. 5 and App. C.2; spec sections 6 and 11.8-11.10:
+
+* value attacks on the phase-2 vectors ``x_k = (g~_k)_{I^t}``: bit-flipping (``-x_k``), ALIE ("A Little Is
+  Enough", Baruch et al. 2019: ``mu - z * sigma`` over the honest vectors) and FoE ("Fall of Empires", Xie et al.
+  2020: ``-eps * mean(honest)``, the paper's magnitude eps = 0.5). ALIE and FoE are omniscient.
+* coordinate attacks on the phase-1 proposals (App. C.2): ``min`` (the k smallest ``|g|``), ``rand`` (k uniform
+  coordinates) and ``same`` (a copy of an honest client's proposal, omniscient).
+
+Byzantine clients otherwise run the honest pipeline (training, memory, momentum); only what they transmit changes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "COORDINATE_ATTACKS",
+    "VALUE_ATTACKS",
+    "alie",
+    "alie_z",
+    "apply_coordinate_attack",
+    "apply_value_attack",
+    "bit_flip",
+    "byzantine_ids",
+    "foe",
+    "min_attack",
+    "random_attack",
+    "same_attack",
+]
+
+VALUE_ATTACKS = ("none", "bit-flip", "alie", "foe")
+COORDINATE_ATTACKS = ("none", "min", "rand", "same")
+
+# Stream tag of the Byzantine-id draw, so it is independent of other generators seeded with the bare run seed.
+_STREAM_BYZANTINE = 101
+
+
+def _vector(x: NDArray[Any] | Any, what: str) -> NDArray[np.float64]:
+    arr = np.array(x, dtype=np.float64)  # always a copy
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D vector, got shape {arr.shape}")
+    return arr
+
+
+def _honest_rows(honest: NDArray[Any] | Any, min_rows: int) -> NDArray[np.float64]:
+    arr = np.asarray(honest, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"honest must be a 2-D array (one row per honest vector), got shape {arr.shape}")
+    if arr.shape[0] < min_rows:
+        raise ValueError(f"need at least {min_rows} honest vector(s), got {arr.shape[0]}")
+    return arr
+
+
+# ---------------------------------------------------------------------------------------------- value attacks
+
+
+def bit_flip(x: NDArray[Any]) -> NDArray[np.float64]:
+    """Bit-flipping: the client's own honest vector in the opposite direction, ``-x`` (non-omniscient).
+
+    Parameters
+    ----------
+    x
+        The Byzantine client's honest phase-2 vector.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        ``-x`` as a new float64 array.
+    """
+    return -_vector(x, "x")
+
+
+def alie(honest: NDArray[Any], z: float) -> NDArray[np.float64]:
+    """ALIE: ``mu - z * sigma``, coordinate-wise mean and unbiased (n-1) std over the honest vectors (spec 6, 11.8).
+
+    Parameters
+    ----------
+    honest
+        (n_h, d) array of the honest clients' vectors (client level, not buffer level), n_h >= 2.
+    z
+        Number of standard deviations, e.g. :func:`alie_z` (0.2533 for m = 32, f = 7 with the epfml formula).
+
+    Returns
+    -------
+    NDArray[np.float64]
+        The (d,) vector every Byzantine client sends.
+    """
+    if not math.isfinite(z):
+        raise ValueError(f"z must be finite, got {z!r}")
+    arr = _honest_rows(honest, 2)
+    forged: NDArray[np.float64] = np.mean(arr, axis=0) - z * np.std(arr, axis=0, ddof=1)
+    return forged
+
+
+def alie_z(m: int, f: int, formula: str = "epfml") -> float:
+    """The ALIE multiplier z for ``m`` clients of which ``f`` are Byzantine (spec 6; the paper gives none).
+
+    Both formulas use ``s = floor(m/2 + 1) - f`` supporters needed for a majority.
+
+    * "epfml" (Karimireddy et al.'s reference code, our default): ``z = Phi^-1((m - f - s) / (m - f))``;
+      0.2533 for m = 32, f = 7.
+    * "baruch" (Baruch et al. 2019): ``z = Phi^-1((m - s) / m)``; 0.4888 for m = 32, f = 7.
+
+    Parameters
+    ----------
+    m
+        Number of clients.
+    f
+        Number of Byzantine clients, 0 <= f < m.
+    formula
+        "epfml" (default, spec 11.8) or "baruch".
+
+    Returns
+    -------
+    float
+        z.
+
+    Raises
+    ------
+    ValueError
+        If the quantile is not in (0, 1) (e.g. f so large that no supporters are needed).
+    """
+    if m < 1 or not 0 <= f < m:
+        raise ValueError(f"need m >= 1 and 0 <= f < m, got m={m}, f={f}")
+    s = m // 2 + 1 - f
+    if formula == "epfml":
+        q = (m - f - s) / (m - f)
+    elif formula == "baruch":
+        q = (m - s) / m
+    else:
+        raise ValueError(f"formula must be 'epfml' or 'baruch', got {formula!r}")
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"ALIE quantile {q} for m={m}, f={f} ({formula}) is not in (0, 1)")
+    return statistics.NormalDist().inv_cdf(q)
+
+
+def foe(honest: NDArray[Any], eps: float = 0.5) -> NDArray[np.float64]:
+    """Fall of Empires (inner-product manipulation): ``-eps * mean(honest)`` (spec 6, 11.9; Xie et al. 2020).
+
+    Parameters
+    ----------
+    honest
+        (n_h, d) array of the honest clients' vectors, n_h >= 1.
+    eps
+        Attack magnitude (default 0.5, the paper's setting).
+
+    Returns
+    -------
+    NDArray[np.float64]
+        The (d,) vector every Byzantine client sends.
+    """
+    if not math.isfinite(eps):
+        raise ValueError(f"eps must be finite, got {eps!r}")
+    forged: NDArray[np.float64] = -eps * np.mean(_honest_rows(honest, 1), axis=0)
+    return forged
+
+
+def apply_value_attack(
+    name: str,
+    vectors: Mapping[int, NDArray[Any]],
+    byzantine: AbstractSet[int],
+    eps: float = 0.5,
+    z: float | None = None,
+) -> dict[int, NDArray[np.float64]]:
+    """The submissions after the Byzantine clients among ``vectors`` replaced theirs (spec 6).
+
+    Byzantine clients first computed their honest vectors; "bit-flip" negates each one's own, "alie" and "foe"
+    give all of them the same vector computed from the honest clients' submissions, "none" changes nothing.
+    Byzantine ids absent from ``vectors`` are ignored.
+
+    Parameters
+    ----------
+    name
+        "none", "bit-flip", "alie" or "foe".
+    vectors
+        Client id -> phase-2 vector (1-D, all of the same length for "alie" and "foe").
+    byzantine
+        Ids of the Byzantine clients.
+    eps
+        FoE magnitude (default 0.5, the paper's setting).
+    z
+        ALIE multiplier; None (default) means ``alie_z(len(vectors), f, "epfml")`` with f the number of Byzantine
+        ids present.
+
+    Returns
+    -------
+    dict[int, NDArray[np.float64]]
+        Same keys and order as ``vectors``, every value a new float64 array; honest values equal their inputs.
+    """
+    if name not in VALUE_ATTACKS:
+        raise ValueError(f"unknown value attack {name!r}; valid: {', '.join(VALUE_ATTACKS)}")
+    out = {cid: _vector(v, f"vectors[{cid}]") for cid, v in vectors.items()}
+    byz = [cid for cid in out if cid in byzantine]
+    if name == "none" or not byz:
+        return out
+    if name == "bit-flip":
+        for cid in byz:
+            out[cid] = -out[cid]
+        return out
+    honest_ids = sorted(cid for cid in out if cid not in byzantine)
+    lengths = {out[cid].shape[0] for cid in out}
+    if len(lengths) != 1:
+        raise ValueError(f"{name} needs vectors of one length, got lengths {sorted(lengths)}")
+    honest = np.stack([out[cid] for cid in honest_ids]) if honest_ids else np.empty((0, lengths.pop()))
+    forged = alie(honest, alie_z(len(out), len(byz)) if z is None else z) if name == "alie" else foe(honest, eps)
+    for cid in byz:
+        out[cid] = forged.copy()
+    return out
+
+
+# ----------------------------------------------------------------------------------------- coordinate attacks
+
+
+def _check_k(k: int, d: int) -> None:
+    if not 1 <= k <= d:
+        raise ValueError(f"k must satisfy 1 <= k <= d={d}, got {k}")
+
+
+def min_attack(g: NDArray[Any], k: int) -> NDArray[np.int64]:
+    """minAtk: the indices of the ``k`` smallest ``|g_j|`` of the Byzantine client's own update (App. C.2).
+
+    Ties are broken by index (the lower index is smaller), mirroring ConSpar's top-k order (spec 11.3).
+
+    Parameters
+    ----------
+    g
+        The Byzantine client's error-compensated update (1-D).
+    k
+        Proposal size, 1 <= k <= len(g).
+
+    Returns
+    -------
+    NDArray[np.int64]
+        ``k`` distinct indices in ascending order.
+    """
+    mag = np.abs(_vector(g, "g"))
+    _check_k(k, mag.shape[0])
+    return np.sort(np.argsort(mag, kind="stable")[:k]).astype(np.int64)
+
+
+def random_attack(d: int, k: int, rng: np.random.Generator) -> NDArray[np.int64]:
+    """randAtk: ``k`` coordinates of ``[0, d)`` uniformly at random without replacement (App. C.2).
+
+    Parameters
+    ----------
+    d
+        Model dimension.
+    k
+        Proposal size, 1 <= k <= d.
+    rng
+        Generator of the draw.
+
+    Returns
+    -------
+    NDArray[np.int64]
+        ``k`` distinct indices in ascending order.
+    """
+    _check_k(k, d)
+    return np.sort(rng.choice(d, size=k, replace=False)).astype(np.int64)
+
+
+def same_attack(honest_proposals: Sequence[NDArray[Any]], rng: np.random.Generator) -> NDArray[np.int64]:
+    """sameAtk: a copy of the proposal of one honest client drawn uniformly (App. C.2; spec 6, omniscient).
+
+    Parameters
+    ----------
+    honest_proposals
+        The honest clients' proposals, in a fixed order (e.g. by client id) so the draw is reproducible.
+    rng
+        Generator of the draw.
+
+    Returns
+    -------
+    NDArray[np.int64]
+        A new array equal to the chosen proposal.
+    """
+    if len(honest_proposals) == 0:
+        raise ValueError("same_attack needs at least one honest proposal")
+    return np.array(honest_proposals[int(rng.integers(len(honest_proposals)))], dtype=np.int64)
+
+
+def apply_coordinate_attack(
+    name: str,
+    proposals: Mapping[int, NDArray[Any]],
+    byzantine: AbstractSet[int],
+    d: int,
+    rng: np.random.Generator,
+    updates: Mapping[int, NDArray[Any]] | None = None,
+) -> dict[int, NDArray[np.int64]]:
+    """The phase-1 proposals after the Byzantine clients among ``proposals`` replaced theirs (App. C.2).
+
+    Each Byzantine client keeps its proposal size ``k = len(proposal)``. With "same", each Byzantine client copies
+    an honest client drawn independently (honest proposals ordered by id). Byzantine clients are processed in
+    ascending id order, so a given ``rng`` state gives a reproducible result. Byzantine ids absent from
+    ``proposals`` are ignored.
+
+    Parameters
+    ----------
+    name
+        "none", "min", "rand" or "same".
+    proposals
+        Client id -> proposed coordinate indices (1-D integer array).
+    byzantine
+        Ids of the Byzantine clients.
+    d
+        Model dimension.
+    rng
+        Generator for "rand" and "same".
+    updates
+        Client id -> error-compensated update ``g_k`` (length d); required for "min", for every Byzantine client.
+        Default None.
+
+    Returns
+    -------
+    dict[int, NDArray[np.int64]]
+        Same keys and order as ``proposals``, every value a new int64 array; honest values equal their inputs.
+    """
+    if name not in COORDINATE_ATTACKS:
+        raise ValueError(f"unknown coordinate attack {name!r}; valid: {', '.join(COORDINATE_ATTACKS)}")
+    out = {cid: np.array(p, dtype=np.int64) for cid, p in proposals.items()}
+    byz = sorted(cid for cid in out if cid in byzantine)
+    if name == "none" or not byz:
+        return out
+    honest = [out[cid] for cid in sorted(cid for cid in out if cid not in byzantine)]
+    for cid in byz:
+        k = out[cid].shape[0]
+        if name == "min":
+            if updates is None or cid not in updates:
+                raise ValueError(f"min attack needs the update of Byzantine client {cid}")
+            g = np.asarray(updates[cid])
+            if g.shape != (d,):
+                raise ValueError(f"update of client {cid} must have shape ({d},), got {g.shape}")
+            out[cid] = min_attack(g, k)
+        elif name == "rand":
+            out[cid] = random_attack(d, k, rng)
+        else:
+            out[cid] = same_attack(honest, rng)
+    return out
+
+
+def byzantine_ids(m: int, f: int, seed: int) -> list[int]:
+    """The ``f`` Byzantine partition ids among ``m``, drawn without replacement from the run seed (spec 10.4).
+
+    Parameters
+    ----------
+    m
+        Number of clients (partition ids 0..m-1).
+    f
+        Number of Byzantine clients, 0 <= f <= m.
+    seed
+        Run seed; the draw uses its own stream, ``default_rng([seed, 101])``.
+
+    Returns
+    -------
+    list[int]
+        Sorted ids, fixed for the run.
+    """
+    if m < 0 or not 0 <= f <= m:
+        raise ValueError(f"need 0 <= f <= m, got m={m}, f={f}")
+    rng = np.random.default_rng([seed, _STREAM_BYZANTINE])
+    return sorted(int(i) for i in rng.choice(m, size=f, replace=False))
