@@ -1,7 +1,11 @@
-"""Small torch CNN for 28x28 grey images (MNIST / Fashion-MNIST), used by the later deep-learning issues.
+"""Small torch CNNs for 28x28 grey images (MNIST / Fashion-MNIST), used by the deep-learning issues.
 
-Two 5x5 'same' conv layers (32, 64 channels) each followed by 2x2 max-pooling, a 512-unit hidden layer and
-the output layer: the "CNN" of McMahan et al. (2017) that most FL papers reuse, 1,663,370 parameters as stated there.
+:class:`SmallCNN`: two 5x5 'same' conv layers (32, 64 channels) each followed by 2x2 max-pooling, a 512-unit hidden
+layer and the output layer: the "CNN" of McMahan et al. (2017) that most FL papers reuse, 1,663,370 parameters as
+stated there.
+
+:class:`LeNet5`: the classic LeNet-5 layout (LeCun et al. 1998) with ReLU and max-pooling, 61,706 parameters for
+10 classes; the offline default for grey images, small enough for CPU runs.
 """
 
 from __future__ import annotations
@@ -32,6 +36,45 @@ class SmallCNN(nn.Module):
             nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch shaped (B, C, 28, 28), or (B, 784[+1]) flat features (a bias column is dropped)."""
+        if x.dim() == 2:
+            x = x[:, : 28 * 28].reshape(-1, 1, 28, 28)
+        return self.classifier(self.features(x))  # type: ignore[no-any-return]
+
+
+class LeNet5(nn.Module):
+    """Conv(1->6,5,pad 2) - pool - Conv(6->16,5) - pool - FC(400->120) - FC(120->84) - FC(84->classes), ReLU between.
+
+    61,706 trainable parameters for 10 classes: 156 + 2,416 (convs) + 48,120 + 10,164 + 850 (fully connected).
+
+    Parameters
+    ----------
+    num_classes
+        Output classes (default 10, MNIST).
+    in_channels
+        Input channels (default 1, grey images).
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 6, 5, padding=2),  # padding keeps 28x28, as LeNet-5's 32x32 input did
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(16 * 5 * 5, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch shaped (B, C, 28, 28), or (B, 784[+1]) flat features (a bias column is dropped)."""
