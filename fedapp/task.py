@@ -39,7 +39,7 @@ def total_train_samples(cfg: RunConfig) -> int:
     train, _, _ = load_dataset(cfg.dataset, source=cfg.data_source)
     parts = partition_indices(
         train.y, cfg.partitioner, cfg.num_clients, cfg.seed, labels_per_client=cfg.labels_per_client,
-        samples_per_client=cfg.samples_per_client or None, dirichlet_alpha=cfg.dirichlet_alpha,
+        samples_per_client=cfg.samples_per_client or None, dirichlet_alpha=cfg.dirichlet_alpha, groups=train.groups,
     )
     return int(sum(len(p) for p in parts))
 

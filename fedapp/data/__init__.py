@@ -3,6 +3,7 @@
 * :mod:`fedapp.data.sources`: MNIST, Fashion-MNIST and UCI Adult, offline from installed packages.
 * :mod:`fedapp.data.partition`: IID / Dirichlet / label-k (flwr-datasets) and the paper's split.
 * :mod:`fedapp.data.synthetic`: small seeded datasets for tests and fast runs.
+* :mod:`fedapp.data.femnist`: FEMNIST (online only), one LEAF writer per client.
 """
 
 from typing import TYPE_CHECKING
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
         DatasetInfo as DatasetInfo,
     )
     from fedapp.data.sources import (
+        clear_dataset_cache as clear_dataset_cache,
+    )
+    from fedapp.data.sources import (
         dataset_names as dataset_names,
     )
     from fedapp.data.sources import (
@@ -68,7 +72,7 @@ if TYPE_CHECKING:
 __getattr__, __all__ = lazy_exports(__name__, {
     "partition": ["SCHEMES", "clear_partition_cache", "largest_remainder", "load_partition", "paper_partition",
                   "partition_indices"],
-    "sources": ["REAL_DATASETS", "SOURCES", "ArrayDataset", "DatasetInfo", "dataset_names", "images_to_features",
-                "load_dataset", "read_idx"],
+    "sources": ["REAL_DATASETS", "SOURCES", "ArrayDataset", "DatasetInfo", "clear_dataset_cache", "dataset_names",
+                "images_to_features", "load_dataset", "read_idx"],
     "synthetic": ["SYNTHETIC_PRESETS", "load_synthetic", "make_classification", "make_lasso_problem"],
 })

