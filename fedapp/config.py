@@ -14,7 +14,7 @@ from typing import Any
 
 Scalar = int | float | bool | str
 # kept literal (not imported from fedapp.data) so that parsing a config never imports the data stack
-DATASETS = ("mnist", "fashion-mnist", "adult", "synthetic", "synthetic-10class", "synthetic-binary")
+DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "synthetic", "synthetic-10class", "synthetic-binary")
 
 
 class ConfigError(ValueError):
@@ -56,7 +56,7 @@ class RunConfig:
     algorithm: str = field(default="bsdp-fedpdm", metadata=_key("algorithm", None, "registry key"))
     dataset: str = field(default="mnist", metadata=_key("dataset", _choice(*DATASETS)))
     data_source: str = field(default="offline", metadata=_key("data-source", _choice("offline", "online")))
-    partitioner: str = field(default="paper", metadata=_key("partitioner", _choice("paper", "iid", "dirichlet", "label-k")))
+    partitioner: str = field(default="paper", metadata=_key("partitioner", _choice("paper", "iid", "dirichlet", "label-k", "writer")))
     model: str = field(default="l1-logistic", metadata=_key("model", _choice("l1-logistic", "multinomial", "multinomial-nobias")))
     num_clients: int = field(default=100, metadata=_key("num-clients", lambda v: v >= 1))
     clients_per_round: int = field(default=30, metadata=_key("clients-per-round", lambda v: v >= 1))
@@ -188,6 +188,15 @@ def parse_run_config(raw: Mapping[str, Any], *, algorithms: Mapping[str, Any] | 
             raise ConfigError(f"run config key '{key}' has invalid value {v!r} (must be {_RANGES.get(key, what)})")
         values[f.name] = v
     cfg = RunConfig(**values)
+    if cfg.dataset == "femnist" and cfg.data_source != "online":
+        raise ConfigError(
+            "run config key 'data-source' must be 'online' for dataset 'femnist': FEMNIST has no offline copy, it is "
+            "downloaded from the Hugging Face hub (flwrlabs/femnist), so it needs a network"
+        )
+    if cfg.partitioner == "writer" and cfg.dataset != "femnist":
+        raise ConfigError(
+            f"run config key 'partitioner' = 'writer' needs a dataset with writer ids ('femnist'), got {cfg.dataset!r}"
+        )
     if algorithms is None:
         from fedapp.registry import ALGORITHMS
 

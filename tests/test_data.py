@@ -1,9 +1,10 @@
-"""Tests for fedapp.data: real offline datasets, partitions, synthetic data, and bad input."""
+"""Tests for fedapp.data: real offline datasets, partitions, synthetic data, FEMNIST (fake download), and bad input."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import sys
 import types
 from pathlib import Path
@@ -320,3 +321,167 @@ def test_make_classification_and_lasso() -> None:
     assert max(float(np.linalg.norm(s - sols[0])) for s in sols) > 0.05
     with pytest.raises(ValueError, match="dim"):
         make_lasso_problem(5, 20, 0, seed=0)
+
+
+# -------------------------------------------------------------------------------- FEMNIST (fake download)
+
+FAKE_WRITERS = 60  # the 5 % sample of 60 writers is 3 writers
+
+
+def _fake_femnist_hub(seed: int, num_writers: int = FAKE_WRITERS) -> Any:
+    """A made-up flwrlabs/femnist: LEAF-style white 28 x 28 images with dark ink in a label-dependent 3 x 3 block."""
+    import datasets
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images, writers, chars = [], [], []
+    for w in range(num_writers):
+        for _ in range(int(rng.integers(6, 12))):
+            c = int(rng.integers(0, 62))
+            img = np.full((28, 28), 255, dtype=np.uint8)
+            r, q = divmod(c, 8)
+            img[3 * r : 3 * r + 3, 3 * q : 3 * q + 3] = rng.integers(0, 40)
+            images.append(Image.fromarray(img))
+            writers.append(f"f{w:04d}_{w % 7:02d}")
+            chars.append(c)
+    return datasets.Dataset.from_dict({"image": images, "writer_id": writers, "character": chars})
+
+
+@pytest.fixture
+def fake_femnist(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Replace only the network fetch (flwr-datasets' FederatedDataset) with an in-memory hub.
+
+    Everything downstream is real: NaturalIdPartitioner, the writer sample, PIL decoding, the conversion, the
+    ``writer`` partitioner. The dataset memo and the partition cache are cleared before and after, and the
+    offline switches that the loader lifts are restored by monkeypatch, so nothing fake reaches a later run.
+    """
+    import datasets
+    import flwr_datasets
+    import huggingface_hub.constants
+
+    from fedapp.data import clear_dataset_cache, clear_partition_cache
+
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    state: dict[str, Any] = {"hub": _fake_femnist_hub(0), "calls": 0}
+
+    class FakeFederatedDataset:
+        def __init__(self, *, dataset: str, partitioners: dict[str, Any], **kw: Any) -> None:
+            assert dataset == "flwrlabs/femnist" and not kw
+            # the loader lifted the offline switches (it would be allowed to download)
+            assert "HF_HUB_OFFLINE" not in os.environ and not huggingface_hub.constants.HF_HUB_OFFLINE
+            state["calls"] += 1
+            self.partitioner = partitioners["train"]
+            self.partitioner.dataset = state["hub"]
+
+        def load_partition(self, partition_id: int) -> Any:
+            return self.partitioner.load_partition(partition_id)
+
+    monkeypatch.setattr(flwr_datasets, "FederatedDataset", FakeFederatedDataset)
+    clear_dataset_cache()
+    clear_partition_cache()
+    yield state
+    clear_dataset_cache()
+    clear_partition_cache()
+
+
+def test_femnist_online_conversion(fake_femnist: Any) -> None:
+    train, test, info = load_dataset("femnist", source="online")
+    assert fake_femnist["calls"] == 1
+    assert info.name == "femnist" and info.num_classes == 62 and info.num_features == 785 and "3 writers" in info.source
+    assert train.x.shape[1] == test.x.shape[1] == 785 and train.x.dtype == np.float64
+    assert np.all(train.x[:, -1] == 1.0) and np.all(test.x[:, -1] == 1.0)
+    assert train.groups is not None and sorted(set(train.groups.tolist())) == [0, 1, 2]
+    hub = fake_femnist["hub"]
+    ids = np.asarray(hub["writer_id"])
+    sampled = sorted(set(ids.tolist()))
+    from fedapp.data.femnist import sample_writers
+
+    chosen = sample_writers(sampled, 0.05, 0)
+    for k, writer in enumerate(chosen):  # LEAF train fraction 0.9 per writer, the rest in the test set
+        n_w = int(np.sum(ids == writer))
+        assert int(np.sum(train.groups == k)) == max(1, int(0.9 * n_w))
+    assert len(train) + len(test) == sum(int(np.sum(ids == w)) for w in chosen)
+    # pixels: inverted to ink high in [0, 1], the ink block where the label put it, background 0
+    for x, c in zip(train.x, train.y, strict=True):
+        img = x[:784].reshape(28, 28)
+        r, q = divmod(int(c), 8)
+        block = img[3 * r : 3 * r + 3, 3 * q : 3 * q + 3]
+        assert block.min() > 0.8 and img.max() <= 1.0
+        assert img.sum() == pytest.approx(block.sum())
+    # memoised: a second call does not fetch again
+    assert load_dataset("femnist", source="online")[0] is train and fake_femnist["calls"] == 1
+
+
+def test_femnist_offline_names_the_key_and_the_network() -> None:
+    from fedapp.config import ConfigError, parse_run_config
+
+    with pytest.raises(ValueError, match="needs a network; use data-source='online'"):
+        load_dataset("femnist")
+    with pytest.raises(ConfigError, match=r"'data-source'.*needs a network"):
+        parse_run_config({"dataset": "femnist"})
+    with pytest.raises(ConfigError, match="'partitioner'"):
+        parse_run_config({"dataset": "mnist", "partitioner": "writer"})
+    assert parse_run_config({"dataset": "femnist", "data-source": "online", "partitioner": "writer"}).dataset == "femnist"
+
+
+def test_writer_partition_one_writer_per_client() -> None:
+    groups = np.array([5, 2, 5, 9, 2, 2, 7, 9, 7, 7])
+    y = np.arange(10) % 3
+    parts = partition_indices(y, "writer", 3, seed=4, groups=groups)
+    _check_disjoint_sorted(parts, y.size)
+    order = np.unique(groups)[np.random.default_rng(4).permutation(4)[:3]]
+    assert [np.unique(groups[p]).tolist() for p in parts] == [[int(w)] for w in order]
+    assert all(np.array_equal(p, np.flatnonzero(groups == w)) for p, w in zip(parts, order, strict=True))
+    every = partition_indices(y, "writer", 4, seed=4, groups=groups)
+    assert np.concatenate(every).size == 10  # N = number of writers uses every sample
+    with pytest.raises(ValueError, match=r"num_partitions \(5\) exceeds the number of writers in the dataset \(4\)"):
+        partition_indices(y, "writer", 5, seed=0, groups=groups)
+    with pytest.raises(ValueError, match="needs the samples' writer ids"):
+        partition_indices(y, "writer", 2, seed=0)
+
+
+def test_femnist_writer_partition_and_the_cache_cannot_leak(fake_femnist: Any) -> None:
+    from fedapp.data import clear_dataset_cache
+
+    train, _, _ = load_dataset("femnist", source="online")
+    assert train.groups is not None
+    order = np.random.default_rng(7).permutation(3)
+    shards = [load_partition("femnist", "writer", i, 3, seed=7, source="online") for i in range(3)]
+    for shard, k in zip(shards, order, strict=True):
+        np.testing.assert_array_equal(shard.x, train.x[train.groups == k])
+        np.testing.assert_array_equal(shard.y, train.y[train.groups == k])
+    # Another download (a different hub) with the same arguments: the cached index lists of the first must not be
+    # served for it, even though only the dataset memo was cleared (the cache key includes the data's digest).
+    clear_dataset_cache()
+    fake_femnist["hub"] = _fake_femnist_hub(1)
+    train2, _, _ = load_dataset("femnist", source="online")
+    assert train2.groups is not None and fake_femnist["calls"] == 2
+    again = load_partition("femnist", "writer", 0, 3, seed=7, source="online")
+    np.testing.assert_array_equal(again.y, train2.y[train2.groups == order[0]])
+    assert len(again) != len(shards[0]) or not np.array_equal(again.y, shards[0].y)
+
+
+def test_femnist_two_round_dp_iadmm_inprocess(fake_femnist: Any) -> None:
+    from fedapp.config import parse_run_config
+    from simulations.inprocess import run_inprocess
+
+    cfg = parse_run_config({
+        "algorithm": "dp-iadmm", "dataset": "femnist", "data-source": "online", "partitioner": "writer",
+        "num-clients": 3, "clients-per-round": 3, "model": "multinomial-nobias", "num-server-rounds": 2,
+        "local-updates": 2, "iadmm-epsilon": 1.0, "rho-c1": 0.005, "rho-c2": 0.05, "rho-period": 2000,
+    })
+    strategy, contexts, _ = run_inprocess(cfg)
+    train, test, _ = load_dataset("femnist", source="online")
+    assert fake_femnist["calls"] == 1  # server and the three agents share one (fake) download
+    assert [r.round for r in strategy.history] == [1, 2]
+    assert strategy.total == len(train)  # type: ignore[attr-defined]  # N = number of writers: every sample
+    assert strategy.x.shape == (62 * 784,)  # model (63): K x J, no bias
+    for rec in strategy.history:
+        assert rec.extra["dual_mismatch"] == 0.0 and rec.test_accuracy is not None
+        assert 0.0 <= rec.test_accuracy <= 1.0 and rec.test_loss is not None and np.isfinite(rec.test_loss)
+    assert np.abs(strategy.x).max() > 0
+    assert set(contexts) == {0, 1, 2} and len(test) > 0
