@@ -57,7 +57,8 @@ class IADMMClient(FedClient):
         if l1 is None or len(l1) != len(inputs):
             l1 = row_l1(inputs)
             self.save_vector(L1, l1)
-        return AgentData(inputs, self.data.y, model.num_classes, total, self.cfg.iadmm_beta, self.cfg.num_clients, l1)
+        return AgentData(inputs, self.data.y, model.num_classes, total, self.cfg.iadmm_beta, self.cfg.num_clients, l1,
+                         self.cfg.device)
 
     def load_meta(self) -> dict[str, Any]:
         """Round bookkeeping kept in context.state (local solves so far, OutP's pending dual update)."""

@@ -111,6 +111,7 @@ class RunConfig:
     outp_grad_scale: str = field(default="local", metadata=_key("outp-grad-scale", _choice("local", "global")))
     noise_seed: int = field(default=0, metadata=_key("noise-seed", _nonneg, "varies only the DP noise"))
     total_samples: int = field(default=0, metadata=_key("total-samples", _nonneg, "I; 0 = from the partition"))
+    device: str = field(default="cpu", metadata=_key("device", _choice("cpu", "cuda", "auto"), "torch device of the gradient"))
 
     @property
     def horizon(self) -> int:

@@ -25,7 +25,7 @@ FEDPDM_KEYS = ("rho", "nu", "gamma")
 SPARSE_KEYS = ("alpha-up", "alpha-down", "uplink-sparsifier")
 IADMM_KEYS = (
     "iadmm-epsilon", "iadmm-beta", "rho-schedule", "rho", "rho-c1", "rho-c2", "rho-period", "rho-max", "noise-seed",
-    "total-samples",
+    "total-samples", "device",
 )
 OBJP_KEYS = (*IADMM_KEYS, "eta-schedule", "eta-scale", "sensitivity-mode", "clip-l1")
 OUTP_KEYS = (*IADMM_KEYS, "outp-delta", "outp-noise-std", "outp-order", "outp-grad-scale")

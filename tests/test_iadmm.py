@@ -1,4 +1,4 @@
-"""DP-IADMM (seed 002) and OutP: the spec's section 11 sanity tests, dual replication, drivers, FEMNIST conversion."""
+"""DP-IADMM (seed 002) and OutP: the spec's section 11 sanity tests, dual replication, drivers, device, FEMNIST conversion."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Context
 from scipy.optimize import minimize
 
@@ -370,6 +371,78 @@ def test_run_config_errors_name_the_key() -> None:
         parse_run_config({**SMALL, "algorithm": "objp", "iadmm-epsilon": 0})
     with pytest.raises(ConfigError, match="'outp-noise-std'"):
         parse_run_config({**SMALL, "algorithm": "outp", "outp-noise-std": "variance"})
+
+
+# ------------------------------------------------------------------------------------------------ device
+def _numpy_residual_and_gradient(d: AgentData, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The numpy formulation the torch path replaced (max-subtracted softmax; (1/I) X^T (H - Y) + (2 beta/P) z)."""
+    s = d.inputs @ z.T
+    s -= s.max(axis=1, keepdims=True)
+    h = np.exp(s)
+    h /= h.sum(axis=1, keepdims=True)
+    res = h - np.eye(d.num_classes)[d.labels]
+    return res, res.T @ d.inputs / d.total + 2 * d.beta / d.num_agents * z
+
+
+def test_torch_cpu_gradient_equals_numpy_and_auto_is_cpu_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedapp.algorithms.iadmm import resolve_device
+
+    rng = np.random.default_rng(11)
+    x, y = rng.uniform(0, 1, size=(300, 40)), rng.integers(0, 7, size=300)
+    z, w, lam = (rng.normal(0, 0.5, size=(7, 40)) for _ in range(3))
+    d = AgentData(x, y, 7, 900, 0.3, 3)
+    assert d.device == "cpu"
+    ref_res, ref_grad = _numpy_residual_and_gradient(d, z)
+    np.testing.assert_allclose(residual(d, z), ref_res, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(gradient(d, z, residual(d, z)), ref_grad, rtol=1e-12, atol=1e-15)
+    # a whole agent round (E = 5, Laplace noise) on torch-cpu vs the numpy gradient: equal to float tolerance
+    r = agent_round(d, z, w, lam, rho=2.0, eta=0.5, local_updates=5, epsilon=0.5, rng=np.random.default_rng(1))
+    zz, acc, numpy_rng = z, np.zeros_like(z), np.random.default_rng(1)
+    for _ in range(5):
+        res, g = _numpy_residual_and_gradient(d, zz)
+        xi = laplace_noise(numpy_rng, laplace_scale(sensitivity_paper(d, res), 0.5), zz.shape)
+        zz = local_step(zz, w, lam, g, xi, 2.0, 0.5)
+        acc += zz
+    np.testing.assert_allclose(r.z_last, zz, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(r.z_avg, acc / 5, rtol=1e-10, atol=1e-12)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    auto = AgentData(x, y, 7, 900, 0.3, 3, device="auto")
+    assert auto.device == "cpu" and resolve_device("auto") == "cpu"
+    r_auto = agent_round(auto, z, w, lam, rho=2.0, eta=0.5, local_updates=5, epsilon=0.5, rng=np.random.default_rng(1))
+    np.testing.assert_array_equal(r_auto.z_avg, r.z_avg)  # same device, same arithmetic: bit-identical
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        resolve_device("gpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_gradient_equals_cpu() -> None:
+    rng = np.random.default_rng(12)
+    x, y = rng.uniform(0, 1, size=(300, 40)), rng.integers(0, 7, size=300)
+    z, w, lam = (rng.normal(0, 0.5, size=(7, 40)) for _ in range(3))
+    runs = [agent_round(AgentData(x, y, 7, 900, 0.3, 3, device=dev), z, w, lam, rho=2.0, eta=0.5, local_updates=5,
+                        epsilon=0.5, rng=np.random.default_rng(1)) for dev in ("cpu", "cuda")]
+    np.testing.assert_allclose(runs[1].z_avg, runs[0].z_avg, rtol=1e-10, atol=1e-12)
+
+
+def test_device_key_is_validated_before_any_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedapp.registry import ALGORITHMS
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for algorithm in ("dp-iadmm", "objp", "objpm", "outp"):
+        with pytest.raises(ConfigError, match=r"run config key 'device' is 'cuda'.*use 'cpu' or 'auto'"):
+            parse_run_config({**SMALL, "algorithm": algorithm, "device": "cuda"})
+    with pytest.raises(ConfigError, match="'device'"):
+        parse_run_config({**SMALL, "algorithm": "objp", "device": "gpu"})
+    cfg = parse_run_config({**SMALL, "algorithm": "objp", "num-server-rounds": 2, "device": "auto"})
+    assert parse_run_config({}).device == "cpu" and ALGORITHMS["objp"].used_config(cfg)["device"] == "auto"
+    a, _, _ = run_inprocess(cfg, evaluate=False)  # auto without CUDA is the cpu run, bit for bit
+    b, _, _ = run_inprocess(cfg.replace(device="cpu"), evaluate=False)
+    np.testing.assert_array_equal(a.x, b.x)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parse_run_config({**SMALL, "algorithm": "objp", "device": "cuda"}).device == "cuda"
 
 
 # ------------------------------------------------------------------------------------------------ T15, T17: real data
