@@ -3,6 +3,7 @@
     train            -> client.fit(parameters, config)
     evaluate         -> client.evaluate(parameters, config)
     query.whoami     -> client.get_properties(config)   (the server learns node id -> partition id)
+    query.<phase>    -> client.<phase>(parameters, config) -> (arrays, metrics)   (extra phases, e.g. FedREP's propose)
 
 `handle` is the whole client side of one message; the in-process driver calls it with the same RecordDicts.
 """
@@ -49,7 +50,18 @@ def handle(message_type: str, content: RecordDict, context: Context) -> RecordDi
     if message_type == "evaluate":
         loss, n, eval_metrics = client.evaluate(params, config)
         return RecordDict({"metrics": MetricRecord({**eval_metrics, "loss": loss, "num-examples": n})})
+    if message_type.startswith("query."):  # an algorithm's extra phase, e.g. FedREP's query.propose
+        method = getattr(client, message_type.removeprefix("query."), None)
+        if not callable(method):
+            raise ValueError(f"algorithm {cfg_name(client)!r} does not answer {message_type!r}")
+        arrays, metrics = method(params, config)
+        return reply_content(arrays, 0, metrics)
     raise ValueError(f"unsupported message type {message_type!r}")
+
+
+def cfg_name(client: FedClient) -> str:
+    """The algorithm key a client was built for (for error messages)."""
+    return client.cfg.algorithm
 
 
 @app.train()
@@ -62,6 +74,12 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Federated evaluation of a dense model on the local partition."""
     return Message(handle("evaluate", msg.content, context), reply_to=msg)
+
+
+@app.query("propose")
+def propose(msg: Message, context: Context) -> Message:
+    """FedREP phase 1: local training, ConSpar coordinate proposal and a fresh secure-aggregation key."""
+    return Message(handle("query.propose", msg.content, context), reply_to=msg)
 
 
 @app.query("whoami")

@@ -14,6 +14,7 @@ from typing import Any
 
 Scalar = int | float | bool | str
 # kept literal (not imported from fedapp.data) so that parsing a config never imports the data stack
+MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "lenet5", "cnn", "resnet20")
 DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "synthetic", "synthetic-10class", "synthetic-binary")
 
 
@@ -57,7 +58,7 @@ class RunConfig:
     dataset: str = field(default="mnist", metadata=_key("dataset", _choice(*DATASETS)))
     data_source: str = field(default="offline", metadata=_key("data-source", _choice("offline", "online")))
     partitioner: str = field(default="paper", metadata=_key("partitioner", _choice("paper", "iid", "dirichlet", "label-k", "writer")))
-    model: str = field(default="l1-logistic", metadata=_key("model", _choice("l1-logistic", "multinomial", "multinomial-nobias")))
+    model: str = field(default="l1-logistic", metadata=_key("model", _choice(*MODELS)))
     num_clients: int = field(default=100, metadata=_key("num-clients", lambda v: v >= 1))
     clients_per_round: int = field(default=30, metadata=_key("clients-per-round", lambda v: v >= 1))
     first_round_all: bool = field(default=True, metadata=_key("first-round-all", None, "S_0 = [N] (Alg. 1 line 2)"))
@@ -112,6 +113,26 @@ class RunConfig:
     noise_seed: int = field(default=0, metadata=_key("noise-seed", _nonneg, "varies only the DP noise"))
     total_samples: int = field(default=0, metadata=_key("total-samples", _nonneg, "I; 0 = from the partition"))
     device: str = field(default="cpu", metadata=_key("device", _choice("cpu", "cuda", "auto"), "torch device of the gradient"))
+    # ---- FedREP family (seed 003: fedrep, share, fedrep-fedavg); defaults are the paper's Section 5 settings
+    conspar_fraction: float = field(default=0.05, metadata=_key("conspar-fraction", _positive, "K/d of ConSpar"))
+    conspar_alpha: float = field(default=0.0, metadata=_key("conspar-alpha", lambda v: 0 <= v <= 1, "alpha of ConSpar"))
+    buffer_size: int = field(default=2, metadata=_key("buffer-size", lambda v: v >= 1, "s: clients per secure buffer"))
+    sparse_downlink: bool = field(default=True, metadata=_key("sparse-downlink", None, "send (I, G~) not w"))
+    secagg_mode: str = field(default="masked", metadata=_key("secagg-mode", _choice("masked", "plain")))
+    aggregator: str = field(default="cclip", metadata=_key("aggregator", _choice("mean", "geomed", "tmean", "cclip")))
+    geomed_iters: int = field(default=5, metadata=_key("geomed-iters", lambda v: v >= 1))
+    tmean_fraction: float = field(default=0.4375, metadata=_key("tmean-fraction", lambda v: 0 <= v < 0.5))
+    cclip_tau: float = field(default=0.5, metadata=_key("cclip-tau", _positive))
+    cclip_iters: int = field(default=5, metadata=_key("cclip-iters", lambda v: v >= 1))
+    local_steps: int = field(default=1, metadata=_key("local-steps", lambda v: v >= 1, "I of Eq. (180)"))
+    lr: float = field(default=0.5, metadata=_key("lr", _positive, "local learning rate eta of Eq. (180)"))
+    momentum: float = field(default=0.9, metadata=_key("momentum", lambda v: 0 <= v < 1, "beta of Eq. (180)"))
+    lr_decay_round: int = field(default=0, metadata=_key("lr-decay-round", _nonneg, "round of the x0.1 decay; 0 = none"))
+    byzantine_clients: int = field(default=0, metadata=_key("byzantine-clients", _nonneg))
+    attack: str = field(default="none", metadata=_key("attack", _choice("none", "bit-flip", "alie", "foe")))
+    coord_attack: str = field(default="none", metadata=_key("coord-attack", _choice("none", "min", "rand", "same")))
+    alie_z: str = field(default="epfml", metadata=_key("alie-z", _choice("epfml", "baruch")))
+    foe_eps: float = field(default=0.5, metadata=_key("foe-eps", _positive))
 
     @property
     def horizon(self) -> int:
@@ -215,6 +236,19 @@ def parse_run_config(raw: Mapping[str, Any], *, algorithms: Mapping[str, Any] | 
 
 
 _RANGES = {
+    "conspar-fraction": "> 0",
+    "conspar-alpha": "in [0, 1]",
+    "buffer-size": ">= 1",
+    "geomed-iters": ">= 1",
+    "tmean-fraction": "in [0, 0.5)",
+    "cclip-tau": "> 0",
+    "cclip-iters": ">= 1",
+    "local-steps": ">= 1",
+    "lr": "> 0",
+    "momentum": "in [0, 1)",
+    "lr-decay-round": ">= 0",
+    "byzantine-clients": ">= 0",
+    "foe-eps": "> 0",
     "alpha-up": "in (0, 1]",
     "alpha-down": "in (0, 1]",
     "delta": "in (0, 1)",

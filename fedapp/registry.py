@@ -70,6 +70,14 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+FEDREP_KEYS = (
+    "conspar-fraction", "conspar-alpha", "buffer-size", "secagg-mode", "sparse-downlink", "aggregator", "geomed-iters",
+    "tmean-fraction", "cclip-tau", "cclip-iters", "local-steps", "lr", "momentum", "lr-decay-round",
+    "byzantine-clients", "attack", "coord-attack", "alie-z", "foe-eps",
+)
+SEED003 = "Yang, Wang, Li, FedREP: A Byzantine-Robust, Communication-Efficient and Privacy-Preserving Framework, arXiv 2303.05206"
+SHARE_PAPER = "Velicheti, Xia, Koyejo, Secure Byzantine-Robust Distributed Learning via Clustering, arXiv 2110.02940"
+FEDREP_CHECKS = "fedapp.algorithms.fedrep:validate_config"
 SEED000 = "Li et al., Privacy-preserving Federated Primal-dual Learning ..., arXiv 2310.19558"
 FEDAVG_PAPER = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
 FEDPROX_PAPER = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
@@ -142,6 +150,22 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "strategies.iadmm:OutP", "clients.iadmm:OutPClient", OUTP_KEYS,
         "OutP baseline: inexact ADMM with Gaussian output perturbation, (eps, delta)-DP (reference code, spec 5.2)",
         HUANG_PAPER, IADMM_CHECKS, False,
+    ),
+    # Seed 003 (spec shared/specs/fedrep.md): all m clients every round, two exchanges per round.
+    "fedrep": AlgorithmSpec(
+        "strategies.fedrep:FedREP", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "FedREP: ConSpar consensus sparsification + buffered pairwise-masked secure aggregation + robust aggregation",
+        SEED003, FEDREP_CHECKS, False,
+    ),
+    "share": AlgorithmSpec(
+        "strategies.fedrep:SHARE", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "SHARE: buffered secure + robust aggregation of dense updates (FedREP with k = d)", SHARE_PAPER,
+        FEDREP_CHECKS, False,
+    ),
+    "fedrep-fedavg": AlgorithmSpec(
+        "strategies.fedrep:DenseFedAvg", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "FedAvg baseline of the FedREP experiments: mean of the dense updates in the clear (same local algorithm)",
+        FEDAVG_PAPER, FEDREP_CHECKS, False,
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(

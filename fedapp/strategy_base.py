@@ -226,9 +226,34 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         c = self.cfg
         return select_clients(server_round, c.num_clients, c.clients_per_round, c.seed, first_round_all=c.first_round_all)
 
+    def begin_round(self, server_round: int) -> None:
+        """Reset the round's accumulators (bytes, rejections, wall clock)."""
+        self._acc = {"t0": time.perf_counter(), "down": 0, "up": 0, "rejected": 0, "sent": 0, "round": server_round}
+
+    def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
+        """(node id, message type, content) of an exchange that must precede the train messages of the round.
+
+        Most algorithms have none (one exchange per round). FedREP sends its propose phase here (ConSpar's
+        coordinate proposals and the secure-aggregation keys), so a round stays two exchanges in every driver.
+        """
+        return []
+
+    def consume_pre_train(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> None:
+        """Digest the replies of :meth:`pre_train_contents` (a subclass that sends any must override this)."""
+        raise NotImplementedError(f"{type(self).__name__} sent pre-train messages but does not consume them")
+
+    def count_up(self, content: RecordDict) -> None:
+        """Add a reply's serialized size to the round's uplink bytes."""
+        self._acc["up"] += recorddict_nbytes(content)
+
+    def count_down(self, content: RecordDict) -> None:
+        """Add a message's serialized size to the round's downlink bytes."""
+        self._acc["down"] += recorddict_nbytes(content)
+
     def train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
         """(node id, content) of every train message of the round; counts downlink bytes."""
-        self._acc = {"t0": time.perf_counter(), "down": 0, "up": 0, "rejected": 0, "sent": 0}
+        if self._acc.get("round") != server_round:
+            self.begin_round(server_round)
         out = []
         for pid in self.participants(server_round):
             arrays, config = self.client_payload(server_round, pid)
@@ -289,6 +314,14 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """Send each sampled client its own payload (one exchange per round)."""
         if not self.node_of:
             self.connect(grid)
+        self.begin_round(server_round)
+        pre = self.pre_train_contents(server_round)
+        if pre:
+            msgs = [Message(content, dst_node_id=node, message_type=mtype) for node, mtype, content in pre]
+            got = grid.send_and_receive(msgs, timeout=self.cfg.node_wait_s)
+            self.consume_pre_train(server_round, [
+                (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in got
+            ])
         return [
             Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
             for node, content in self.train_contents(server_round)

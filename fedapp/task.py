@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -10,6 +11,9 @@ from fedapp.config import RunConfig
 from fedapp.data.partition import load_partition, partition_indices
 from fedapp.data.sources import ArrayDataset, DatasetInfo, load_dataset
 from fedapp.models.base import FloatArray, LinearModel, make_model
+
+if TYPE_CHECKING:
+    from fedapp.models.torch_net import TorchNet
 
 
 def dataset_info(cfg: RunConfig) -> DatasetInfo:
@@ -57,6 +61,21 @@ def build_model(cfg: RunConfig, info: DatasetInfo | None = None) -> LinearModel:
     return make_model(cfg.model, info.num_classes, info.num_features, beta=beta)
 
 
+def build_net(cfg: RunConfig, info: DatasetInfo | None = None) -> TorchNet:
+    """The torch network of the run (``model`` is one of :data:`fedapp.models.torch_net.TORCH_MODELS`)."""
+    from fedapp.models.torch_net import TorchNet
+
+    info = info or dataset_info(cfg)
+    return TorchNet(cfg.model, info.num_classes, info.num_features)
+
+
+def is_torch_model(cfg: RunConfig) -> bool:
+    """True when the run trains a torch network rather than a numpy linear model."""
+    from fedapp.models.torch_net import TORCH_MODELS
+
+    return cfg.model in TORCH_MODELS
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """Central evaluation of one global model on the test set."""
@@ -72,9 +91,12 @@ class Evaluator:
     def __init__(self, cfg: RunConfig) -> None:
         _, test, info = load_dataset(cfg.dataset, source=cfg.data_source)
         self.test = test
-        self.model = build_model(cfg, info)
+        self.model: LinearModel | TorchNet = build_net(cfg, info) if is_torch_model(cfg) else build_model(cfg, info)
 
     def __call__(self, x: FloatArray) -> Evaluation:
-        acc = self.model.accuracy(x, self.test.x, self.test.y)
-        loss = self.model.loss(x, self.test.x, self.test.y)
+        if isinstance(self.model, LinearModel):
+            acc = self.model.accuracy(x, self.test.x, self.test.y)
+            loss = self.model.loss(x, self.test.x, self.test.y)
+        else:  # one forward pass of the network for both
+            acc, loss = self.model.evaluate(x, self.test.x, self.test.y)
         return Evaluation(accuracy=acc, loss=loss, nnz=int(np.count_nonzero(x)))

@@ -30,14 +30,21 @@ def make_contexts(cfg: RunConfig) -> dict[int, Context]:
 def run_rounds(strategy: FederatedStrategy, contexts: dict[int, Context], rounds: int, *, start: int = 1) -> None:
     """Drive `rounds` rounds: configure -> every client's handler -> aggregate -> evaluate."""
     for rnd in range(start, start + rounds):
-        replies: list[tuple[int, RecordDict | str]] = []
-        for node_id, content in strategy.train_contents(rnd):
-            try:
-                replies.append((node_id, handle("train", content, contexts[node_id])))
-            except Exception as err:
-                replies.append((node_id, f"{type(err).__name__}: {err}"))
+        strategy.begin_round(rnd)
+        pre = strategy.pre_train_contents(rnd)
+        if pre:
+            strategy.consume_pre_train(rnd, [_answer(mtype, node, content, contexts) for node, mtype, content in pre])
+        replies = [_answer("train", node, content, contexts) for node, content in strategy.train_contents(rnd)]
         strategy.consume_replies(rnd, replies)
         strategy.evaluate_round(rnd)
+
+
+def _answer(mtype: str, node_id: int, content: RecordDict, contexts: dict[int, Context]) -> tuple[int, RecordDict | str]:
+    """One client's reply, or its error text (as Flower turns a ClientApp exception into an error reply)."""
+    try:
+        return node_id, handle(mtype, content, contexts[node_id])
+    except Exception as err:
+        return node_id, f"{type(err).__name__}: {err}"
 
 
 def run_inprocess(cfg: RunConfig, *, evaluate: bool = True) -> tuple[FederatedStrategy, dict[int, Context], float]:
