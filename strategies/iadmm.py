@@ -72,13 +72,16 @@ class DPIADMM(BroadcastStrategy):
         """Public scalars of the round (spec 9.5): rho^t, eta^t and I."""
         return {"rho": self.rho, "eta": self.eta, "total-samples": self.total}
 
-    def begin_round(self, server_round: int) -> None:
-        """Schedules of round t, then line 5: w^{t+1} = (1/P) sum_p (z_p^t - lambda_p^t / rho^t) (4a)."""
+    def prepare_round(self, server_round: int) -> None:
+        """Schedules of round t, then line 5: w^{t+1} = (1/P) sum_p (z_p^t - lambda_p^t / rho^t) (4a).
+
+        (Not ``begin_round``: that is the base class's reset of the round's byte / wall-clock accumulators.)
+        """
         self.rho, self.eta = rho_of(self.cfg, server_round), eta_of(self.cfg, server_round)
         self.x = wire_round(server_w_update(self.z, self.lam, self.rho))
 
     def train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
-        self.begin_round(server_round)
+        self.prepare_round(server_round)
         return super().train_contents(server_round)
 
     def dual_mismatches(self, metrics: dict[int, dict[str, Any]]) -> tuple[int, float]:
@@ -146,8 +149,8 @@ class OutP(DPIADMM):
         """rho^t and I (OutP's proximity comes from Huang's formula on the agent, spec 5.2)."""
         return {"rho": self.rho, "total-samples": self.total}
 
-    def begin_round(self, server_round: int) -> None:
+    def prepare_round(self, server_round: int) -> None:
         """rho^t; in Algorithm 1's order also w^{t+1} by (4a). Huang's order sends the W of the last aggregate."""
         if self.order == "alg1":
-            super().begin_round(server_round)
+            super().prepare_round(server_round)
         self.rho = rho_of(self.cfg, server_round)
