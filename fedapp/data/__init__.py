@@ -1,6 +1,7 @@
 """Datasets and client partitions as plain numpy arrays (no Flower imports on the load path).
 
-* :mod:`fedapp.data.sources`: MNIST, Fashion-MNIST and UCI Adult, offline from installed packages.
+* :mod:`fedapp.data.sources`: MNIST, Fashion-MNIST and UCI Adult, offline from installed packages; CIFAR-10
+  (online only, torchvision).
 * :mod:`fedapp.data.partition`: IID / Dirichlet / label-k (flwr-datasets) and the paper's split.
 * :mod:`fedapp.data.synthetic`: small seeded datasets for tests and fast runs.
 * :mod:`fedapp.data.femnist`: FEMNIST (online only), one LEAF writer per client.

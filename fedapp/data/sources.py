@@ -1,4 +1,4 @@
-"""Dataset loaders: MNIST, Fashion-MNIST, UCI Adult (offline by default) and FEMNIST (online only) as numpy arrays.
+"""Dataset loaders: MNIST, Fashion-MNIST, UCI Adult (offline by default), FEMNIST and CIFAR-10 (online only).
 
 Offline sources (nothing is downloaded at run time; see ``shared/notes/offline-datasets.md``):
 
@@ -10,7 +10,9 @@ Offline sources (nothing is downloaded at run time; see ``shared/notes/offline-d
 
 ``source="online"`` fetches MNIST and Fashion-MNIST with torchvision instead and applies exactly the
 same preprocessing (:func:`images_to_features`). FEMNIST has no offline source: ``source="online"`` downloads
-the LEAF-style writer sample from the Hugging Face hub (:mod:`fedapp.data.femnist`).
+the LEAF-style writer sample from the Hugging Face hub (:mod:`fedapp.data.femnist`). CIFAR-10 has no offline
+source either: ``source="online"`` downloads it with ``torchvision.datasets.CIFAR10`` (:func:`cifar10_features`
+gives the feature layout).
 
 Loaded datasets are memoised per process and their arrays are read-only, so callers share one copy
 and cannot corrupt the cache; ``ArrayDataset.subset`` returns writable copies.
@@ -27,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-REAL_DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "adult", "femnist")
+REAL_DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10")
 SOURCES: tuple[str, ...] = ("offline", "online")
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -45,6 +47,14 @@ FEMNIST_OFFLINE = (
     "dataset 'femnist' has no offline source: it is downloaded from the Hugging Face hub (flwrlabs/femnist, "
     "through flwr-datasets), so it needs a network; use data-source='online'"
 )
+CIFAR10_OFFLINE = (
+    "dataset 'cifar10' has no offline source: it is downloaded with torchvision.datasets.CIFAR10 (about 170 MB), "
+    "so it needs a network; use data-source='online'"
+)
+#: per-channel (R, G, B) statistics of the CIFAR-10 training set used to normalise the pixels (spec fedrep.md 8.1
+#: [rec], the epfml reference pipeline)
+CIFAR10_MEAN: tuple[float, float, float] = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD: tuple[float, float, float] = (0.2023, 0.1994, 0.2010)
 
 ADULT_COLUMNS: tuple[str, ...] = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
@@ -151,12 +161,13 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        ``"mnist"``, ``"fashion-mnist"``, ``"adult"``, ``"femnist"`` or a synthetic preset (``"synthetic"``,
-        ``"synthetic-10class"``, ``"synthetic-binary"``; see :mod:`fedapp.data.synthetic`).
+        ``"mnist"``, ``"fashion-mnist"``, ``"adult"``, ``"femnist"``, ``"cifar10"`` or a synthetic preset
+        (``"synthetic"``, ``"synthetic-10class"``, ``"synthetic-binary"``; see :mod:`fedapp.data.synthetic`).
     source : str, default "offline"
         ``"offline"`` reads files installed by a package (see the module docstring); ``"online"``
-        downloads MNIST / Fashion-MNIST with torchvision into ``root``, and FEMNIST (online only) with
-        flwr-datasets (:func:`fedapp.data.femnist.load_femnist_dataset`). Ignored for synthetic data.
+        downloads MNIST / Fashion-MNIST and CIFAR-10 (online only, :func:`load_cifar10_online`) with torchvision
+        into ``root``, and FEMNIST (online only) with flwr-datasets
+        (:func:`fedapp.data.femnist.load_femnist_dataset`). Ignored for synthetic data.
     root : str, optional
         Download directory for ``source="online"`` (default ``~/.cache/fedapp``; for FEMNIST the Hugging
         Face cache).
@@ -169,7 +180,8 @@ def load_dataset(
     Raises
     ------
     ValueError
-        For an unknown name or source, Adult with ``source="online"`` or FEMNIST with ``source="offline"``.
+        For an unknown name or source, Adult with ``source="online"``, or FEMNIST or CIFAR-10 with
+        ``source="offline"``.
     FileNotFoundError
         If the offline package that ships the files is not installed; the message gives the command.
     """
@@ -200,6 +212,10 @@ def _load_cached(name: str, source: str, root: str | None) -> tuple[ArrayDataset
         from fedapp.data.femnist import load_femnist_dataset  # lazy: femnist imports this module
 
         train, test, info = load_femnist_dataset(root)
+    elif name == "cifar10":
+        if source != "online":
+            raise ValueError(CIFAR10_OFFLINE)
+        train, test, info = load_cifar10_online(root)
     elif source == "online":
         train, test, info = _load_images_online(name, root)
     else:
@@ -316,7 +332,7 @@ def _load_images_online(name: str, root: str | None) -> tuple[ArrayDataset, Arra
     # Lazy import: torchvision is heavy and the offline path must not need it.
     from torchvision import datasets as tvd
 
-    folder = Path(root).expanduser() if root is not None else Path.home() / ".cache" / "fedapp"
+    folder = _download_dir(root)
     cls = tvd.MNIST if name == "mnist" else tvd.FashionMNIST
     tr, te = (cls(str(folder), train=train, download=True) for train in (True, False))
     return _image_splits(
@@ -327,6 +343,10 @@ def _load_images_online(name: str, root: str | None) -> tuple[ArrayDataset, Arra
         te.targets.numpy(),
         f"torchvision.datasets.{cls.__name__} ({folder})",
     )
+
+
+def _download_dir(root: str | None) -> Path:
+    return Path(root).expanduser() if root is not None else Path.home() / ".cache" / "fedapp"
 
 
 def _image_splits(
@@ -340,6 +360,90 @@ def _image_splits(
     train = ArrayDataset(x=images_to_features(xtr), y=np.asarray(ytr, dtype=np.int64))
     test = ArrayDataset(x=images_to_features(xte), y=np.asarray(yte, dtype=np.int64))
     return train, test, DatasetInfo(name=name, num_classes=10, num_features=train.x.shape[1], source=source)
+
+
+# -------------------------------------------------------------------------------------------- cifar10
+
+
+def cifar10_features(images: NDArray[np.uint8]) -> NDArray[np.float64]:
+    """Convert CIFAR-10 images (torchvision's ``(n, 32, 32, 3)`` uint8, H x W x RGB) to our feature rows.
+
+    Layout of a row (3073 float64 columns): column ``c * 1024 + i * 32 + j`` is channel ``c`` (0 R, 1 G, 2 B),
+    row ``i``, column ``j`` of the image, i.e. the channel-major (C, H, W) order that
+    :class:`fedapp.models.torch_net.TorchNet` (``model=resnet20``) reshapes the first 3072 columns to; column 3072
+    is the constant bias 1.0 the other image datasets append (the torch models drop it). Each pixel ``v`` becomes
+    ``(v / 255 - CIFAR10_MEAN[c]) / CIFAR10_STD[c]`` (spec fedrep.md 8.1 [rec]), so values lie in about
+    [-2.43, 2.75], not in [0, 1] as for MNIST.
+
+    Parameters
+    ----------
+    images : ndarray of uint8, shape (n, 32, 32, 3)
+        Raw pixel values 0..255, channels last (``torchvision.datasets.CIFAR10(...).data``).
+
+    Returns
+    -------
+    ndarray of float64, shape (n, 3073)
+    """
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
+        raise ValueError(f"expected uint8 CIFAR images of shape (n, 32, 32, 3), got {images.dtype} {images.shape}")
+    n, plane = images.shape[0], 32 * 32
+    # Filled channel by channel in place: the full train set is 50000 x 3073 float64 (1.2 GB), so no temporaries.
+    out = np.empty((n, 3 * plane + 1), dtype=np.float64)
+    for c in range(3):
+        dst = out[:, c * plane : (c + 1) * plane]
+        np.divide(images[:, :, :, c].reshape(n, plane), 255.0, out=dst)  # row-major over (i, j) within channel c
+        dst -= CIFAR10_MEAN[c]
+        dst /= CIFAR10_STD[c]
+    out[:, -1] = 1.0
+    return out
+
+
+def fetch_cifar10(root: str | None = None) -> tuple[NDArray[np.uint8], NDArray[np.int64], NDArray[np.uint8],
+                                                      NDArray[np.int64], str]:
+    """Download CIFAR-10 with ``torchvision.datasets.CIFAR10(root, train=..., download=True)`` (needs a network
+    the first time; later calls find the extracted files in ``root``, default ``~/.cache/fedapp``).
+
+    Returns
+    -------
+    tuple
+        Train images (50000, 32, 32, 3) uint8, train labels int64, test images (10000, 32, 32, 3), test labels,
+        and a description of the source.
+    """
+    # Lazy import: torchvision is heavy and the offline path must not need it.
+    from torchvision import datasets as tvd
+
+    folder = _download_dir(root)
+    tr, te = (tvd.CIFAR10(str(folder), train=train, download=True) for train in (True, False))
+    return (
+        np.asarray(tr.data, dtype=np.uint8), np.asarray(tr.targets, dtype=np.int64),
+        np.asarray(te.data, dtype=np.uint8), np.asarray(te.targets, dtype=np.int64),
+        f"torchvision.datasets.CIFAR10 ({folder})",
+    )  # fmt: skip
+
+
+def load_cifar10_online(root: str | None = None) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+    """The dataset ``cifar10`` (``data-source=online`` only): 50 000 train / 10 000 test images, 10 classes.
+
+    Features: :func:`cifar10_features` (channel-major C, H, W pixels normalised with the standard CIFAR-10
+    per-channel mean / std, then a bias column: 3073 float64 columns); labels int64 0..9 in torchvision's class
+    order (airplane, automobile, bird, cat, deer, dog, frog, horse, ship, truck).
+
+    Deviation from the FedREP paper's pipeline (spec fedrep.md 8.1 [rec]): no data augmentation. The usual random
+    crop 32 with padding 4 and random horizontal flip would have to be drawn afresh for every mini-batch, but the
+    clients train on fixed feature arrays (:class:`ArrayDataset`), so every epoch sees the same images; expect a
+    lower best accuracy than the paper's augmented runs (and earlier overfitting).
+
+    Memory: the train features are 50000 x 3073 float64, about 1.2 GB (plus 0.25 GB test), shared by every client
+    of a process through the dataset memo; each client's partition is a copy of its share.
+    """
+    xtr, ytr, xte, yte, origin = fetch_cifar10(root)
+    for y in (ytr, yte):
+        if y.size and (y.min() < 0 or y.max() > 9):
+            raise ValueError(f"CIFAR-10 labels must be in 0..9, got {y.min()}..{y.max()}")
+    train = ArrayDataset(x=cifar10_features(xtr), y=ytr)
+    test = ArrayDataset(x=cifar10_features(xte), y=yte)
+    source = f"{origin}, normalised with mean {CIFAR10_MEAN} / std {CIFAR10_STD}, no augmentation"
+    return train, test, DatasetInfo(name="cifar10", num_classes=10, num_features=train.x.shape[1], source=source)
 
 
 # ---------------------------------------------------------------------------------------------- adult
