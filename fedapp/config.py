@@ -15,7 +15,7 @@ from typing import Any
 Scalar = int | float | bool | str
 # kept literal (not imported from fedapp.data) so that parsing a config never imports the data stack
 MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "lenet5", "cnn", "resnet20")
-DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "synthetic", "synthetic-10class", "synthetic-binary")
+DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10", "synthetic", "synthetic-10class", "synthetic-binary")
 
 
 class ConfigError(ValueError):
@@ -214,6 +214,11 @@ def parse_run_config(raw: Mapping[str, Any], *, algorithms: Mapping[str, Any] | 
         raise ConfigError(
             "run config key 'data-source' must be 'online' for dataset 'femnist': FEMNIST has no offline copy, it is "
             "downloaded from the Hugging Face hub (flwrlabs/femnist), so it needs a network"
+        )
+    if cfg.dataset == "cifar10" and cfg.data_source != "online":
+        raise ConfigError(
+            "run config key 'data-source' must be 'online' for dataset 'cifar10': CIFAR-10 has no offline copy, it is "
+            "downloaded with torchvision.datasets.CIFAR10, so it needs a network"
         )
     if cfg.partitioner == "writer" and cfg.dataset != "femnist":
         raise ConfigError(

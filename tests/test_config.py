@@ -30,7 +30,7 @@ def test_pyproject_run_config_lists_every_key_with_the_same_defaults() -> None:
         ({"alpha-down": 1.5}, "alpha-down"),
         ({"delta": 1.0}, "delta"),
         ({"algorithm": "fedsgd"}, "algorithm"),
-        ({"dataset": "cifar10"}, "dataset"),
+        ({"dataset": "cifar100"}, "dataset"),
         ({"uplink-sparsifier": "topq"}, "uplink-sparsifier"),
         ({"num-server-rounds": 2.5}, "num-server-rounds"),
         ({"dp": "maybe"}, "dp"),
