@@ -135,3 +135,58 @@ def iadmm_throughput(out: Path, *, rounds: int = 10, connection: str | None = No
     (out / "iadmm_throughput.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     return report
+
+
+FEDREP_TASK: dict[str, Any] = {
+    "dataset": "fashion-mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 32, "clients-per-round": 32,
+    "batch-size": 25, "local-steps": 5, "buffer-size": 2, "conspar-fraction": 0.05, "eval-every": 1000,
+}
+
+
+def fedrep_wire(out: Path, *, rounds: int = 6, connection: str | None = None) -> dict[str, Any]:
+    """Seed 003: bytes per client per round from the serialized records (rounds 2..R, when the downlink is the sparse
+    aggregate) for FedREP, SHARE and dense FedAvg, against the paper's bound (96 + 32/m) K bits (Sec. 3.2) and the
+    dense 2 x 32 d bits; and rounds/s of FedREP (masked) in-process, in-process plain, and in the Flower simulation.
+    """
+    import logging
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    from fedapp.compression.conspar import bits_bound
+    from fedapp.config import parse_run_config
+    from fedapp.runner import finish
+    from simulations.flower_driver import run_flower
+    from simulations.inprocess import run_inprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"task": {**FEDREP_TASK, "num-server-rounds": rounds}}
+    rows: dict[str, dict[str, float]] = {}
+    docs: dict[str, dict[str, Any]] = {}
+    for label, over in (("fedrep masked", {"algorithm": "fedrep"}),
+                        ("fedrep plain", {"algorithm": "fedrep", "secagg-mode": "plain"}),
+                        ("share masked", {"algorithm": "share"}),
+                        ("fedavg dense (plain)", {"algorithm": "fedrep-fedavg"})):
+        raw = {**FEDREP_TASK, **over, "num-server-rounds": rounds}
+        cfg = parse_run_config(raw)
+        strategy, _, wall = run_inprocess(cfg, evaluate=False)
+        doc, _ = finish(cfg, strategy, "in-process", wall_s=wall, out_dir=str(out / label.replace(" ", "-")))
+        docs[label] = doc
+        later = doc["rounds"][1:]
+        m = cfg.num_clients
+        rows[label] = {
+            "uplink B/client/round": statistics.mean(r["uplink_bytes"] / m for r in later),
+            "downlink B/client/round": statistics.mean(r["downlink_bytes"] / m for r in later),
+            "mean |I^t|": statistics.mean(r.get("consensus_size", 0.0) for r in later),
+            "in-process rounds/s": 1 / _per_round(doc),
+        }
+        if label.startswith("fedrep"):
+            K = strategy.k * m  # type: ignore[attr-defined]
+            rows[label]["paper bound B/client/round"] = bits_bound(K, m) / 8
+        rows[label]["dense up+down B/client/round"] = 2 * 4 * strategy.global_model().size
+    raw = {**FEDREP_TASK, "algorithm": "fedrep", "num-server-rounds": rounds}
+    res = run_flower(raw, out / "flower-fedrep", num_supernodes=32, stream=False, connection=connection,
+                     simulation=connection is not None)
+    rows["fedrep masked"]["flower rounds/s"] = 1 / _per_round(json.loads(res.results.read_text()))
+    report["rows"] = rows
+    (out / "fedrep_wire.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return report
