@@ -82,6 +82,9 @@ class FedREPClient(FedClient):
         byzantine-clients, attack, coord-attack, seed.
     """
 
+    #: False for SparseSecAgg: no error compensation (u stays 0)
+    error_feedback = True
+
     def __init__(self, context: Context, cfg: RunConfig) -> None:  # no linear model: a torch network instead
         self.node_context = context
         self.cfg = cfg
@@ -136,9 +139,9 @@ class FedREPClient(FedClient):
         w = self.current_model(parameters, config)
         st = self._state()
         u = self._load("u", np.float64)
-        u = np.zeros(self.net.dim) if u is None else u
+        u = np.zeros(self.net.dim) if u is None or not self.error_feedback else u
         stale = self._load("g", np.float64)
-        if stale is not None:  # never asked to submit last time: nothing of g was transmitted
+        if stale is not None and self.error_feedback:  # never asked to submit last time: nothing of g was sent
             u = stale
         res = local_momentum_sgd(
             self.net, w.astype(np.float64), self._load("m", np.float32), self.data.x, self.data.y,
@@ -207,3 +210,70 @@ class FedREPClient(FedClient):
         w: FloatArray = np.asarray(parameters[0], dtype=np.float64).ravel()
         acc, loss = self.net.evaluate(w, self.data.x, self.data.y)
         return loss, len(self.data), {"accuracy": acc}
+
+
+class FlowerDenseClient(FedREPClient):
+    """FedREP's local algorithm answering Flower's plain ``train`` message (keys ``flwr-krum``, ``flwr-fedmedian``,
+    ``flwr-fedtrimmedavg``; strategies/flower_robust.py).
+
+    The message carries the global model w^t (one ArrayRecord, as Flower's built-in strategies send it) and a config
+    with "server-round" and, from our server, "lr". The client runs I = local-steps steps of Eq. (180) from w^t with
+    the same persistent momentum, data cursor and RNG streams as :class:`FedREPClient` (so an honest client of this
+    class trains exactly like one of ``fedrep-fedavg``) and replies with its model w_k^{t+1} (float32, same layout),
+    "num-examples" = |D_k| and its "partition-id" (which the simulation-only oracle needs to find the Byzantine
+    replies). No error memory: the whole dense model goes up every round.
+
+    A Byzantine client with ``attack = bit-flip`` replies w^t + (w^t - w_k^{t+1}), i.e. its update flipped.
+    """
+
+    def fit(self, parameters: list[Any], config: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:
+        """One local round on the dense global model; the reply is the trained model (or its flipped update)."""
+        from fedapp.algorithms.fedrep import learning_rate
+
+        cfg, t = self.cfg, int(config["server-round"])
+        lr = float(config["lr"]) if "lr" in config else learning_rate(cfg.lr, t, cfg.lr_decay_round)
+        if len(parameters) != 1 or np.asarray(parameters[0]).size != self.net.dim:
+            raise ValueError(f"client {self.partition_id}: expected one array of {self.net.dim} model parameters")
+        shape = np.asarray(parameters[0]).shape
+        w = np.asarray(parameters[0], dtype=np.float32).reshape(-1).astype(np.float64)
+        st = self._state()
+        res = local_momentum_sgd(
+            self.net, w, self._load("m", np.float32), self.data.x, self.data.y,
+            lr=lr, beta=cfg.momentum, steps=cfg.local_steps, batch_size=cfg.batch_size,
+            cursor=int(st.get("cursor", 0)), permutation=self._permutation,
+        )
+        model = res.w
+        if self.byzantine and cfg.attack == "bit-flip":
+            model = w - attacks.bit_flip(w - res.w)  # w^t - (-(w^t - w_k)) = w^t + (w^t - w_k)
+        st["cursor"] = res.cursor
+        self._save("m", res.momentum)
+        self._save_state(st)
+        upload = model.astype(np.float32).reshape(shape)
+        return [upload], len(self.data), {"train_loss": res.loss, "partition-id": self.partition_id}
+
+
+class SparseSecAggClient(FedREPClient):
+    """SparseSecAgg client (:mod:`fedapp.sparse_secagg`): phase 1 trains and sends a fresh public key, phase 2 uploads
+    its update on the union of its pairwise location masks, masked; no error compensation."""
+
+    error_feedback = False
+
+    def fit(self, parameters: list[Any], config: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:
+        """Phase 2: (U_i, y_i) of the update g = w^t - w_k^{t+1}."""
+        from fedapp import secagg
+        from fedapp.sparse_secagg import sparse_masked_upload
+
+        cfg, t = self.cfg, int(config["server-round"])
+        st = self._state()
+        g = self._load("g", np.float64)
+        if g is None or int(st.get("pending-round", -1)) != t:
+            raise ValueError(f"client {self.partition_id}: no pending update for round {t} (phase 1 missing)")
+        if self.byzantine and cfg.attack == "bit-flip":
+            g = attacks.bit_flip(g)
+        peers = dict(zip((int(p) for p in config["peer-ids"]), (bytes(b) for b in config["peer-keys"]), strict=True))
+        idx, vals = sparse_masked_upload(g, self.partition_id, st.pop("sk"), peers, secagg.mask_label(cfg.seed, t, 0),
+                                         float(config["p"]), self.rng(t, STREAM_QUANT))
+        self._save("g", None)
+        st.pop("pending-round", None)
+        self._save_state(st)
+        return [idx, vals], 1, {}

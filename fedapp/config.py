@@ -133,6 +133,7 @@ class RunConfig:
     coord_attack: str = field(default="none", metadata=_key("coord-attack", _choice("none", "min", "rand", "same")))
     alie_z: str = field(default="epfml", metadata=_key("alie-z", _choice("epfml", "baruch")))
     foe_eps: float = field(default=0.5, metadata=_key("foe-eps", _positive))
+    sparsesecagg_scale: str = field(default="sum/N", metadata=_key("sparsesecagg-scale", _choice("sum/N", "sum/(N*Gamma)")))
 
     @property
     def horizon(self) -> int:

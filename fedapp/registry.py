@@ -75,9 +75,16 @@ FEDREP_KEYS = (
     "tmean-fraction", "cclip-tau", "cclip-iters", "local-steps", "lr", "momentum", "lr-decay-round",
     "byzantine-clients", "attack", "coord-attack", "alie-z", "foe-eps",
 )
+SPARSESECAGG_PAPER = "Ergun, Sami, Guler, Sparsified Secure Aggregation for Privacy-Preserving Federated Learning, arXiv 2112.12872"
 SEED003 = "Yang, Wang, Li, FedREP: A Byzantine-Robust, Communication-Efficient and Privacy-Preserving Framework, arXiv 2303.05206"
 SHARE_PAPER = "Velicheti, Xia, Koyejo, Secure Byzantine-Robust Distributed Learning via Clustering, arXiv 2110.02940"
 FEDREP_CHECKS = "fedapp.algorithms.fedrep:validate_config"
+# Flower's Krum / FedMedian / FedTrimmedAvg on the FedREP setup: the local algorithm and attack keys, no ConSpar,
+# buffers, masking or FedREP aggregator (tmean-fraction only for FedTrimmedAvg's beta)
+FLWR_ROBUST_KEYS = ("local-steps", "lr", "momentum", "lr-decay-round", "byzantine-clients", "attack", "alie-z", "foe-eps")
+FLWR_ROBUST_CHECKS = "fedapp.algorithms.fedrep:validate_flower_robust"
+KRUM_PAPER = "Blanchard et al., Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent, NeurIPS 2017"
+YIN_PAPER = "Yin et al., Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates, ICML 2018"
 SEED000 = "Li et al., Privacy-preserving Federated Primal-dual Learning ..., arXiv 2310.19558"
 FEDAVG_PAPER = "McMahan et al., Communication-Efficient Learning of Deep Networks from Decentralized Data, AISTATS 2017"
 FEDPROX_PAPER = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
@@ -167,6 +174,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "FedAvg baseline of the FedREP experiments: mean of the dense updates in the clear (same local algorithm)",
         FEDAVG_PAPER, FEDREP_CHECKS, False,
     ),
+    "sparse-secagg": AlgorithmSpec(
+        "strategies.fedrep:SparseSecAgg", "clients.fedrep:SparseSecAggClient", (*FEDREP_KEYS, "sparsesecagg-scale"),
+        "SparseSecAgg baseline: pairwise Bernoulli location masks + additive masks, per-coordinate sums, no error "
+        "compensation, no robust aggregation (Gamma = conspar-fraction)", SPARSESECAGG_PAPER, FEDREP_CHECKS, False,
+    ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(
         "strategies.flower_builtin:FlwrFedAvg", "clients.fedavg:FedAvgClient", ("gamma",),
@@ -175,5 +187,22 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "flwr-fedprox": AlgorithmSpec(
         "strategies.flower_builtin:FlwrFedProx", "clients.fedavg:FedAvgClient", ("gamma", "mu"),
         "Flower's built-in FedProx (proximal-mu = mu) with our FedAvg client", FEDPROX_PAPER,
+    ),
+    # Flower's own robust strategies on the FedREP setup (torch net, Eq. (180) clients), Flower engines only.
+    "flwr-krum": AlgorithmSpec(
+        "strategies.flower_robust:FlwrKrum", "clients.fedrep:FlowerDenseClient", FLWR_ROBUST_KEYS,
+        "Flower's built-in Krum (num_malicious_nodes = byzantine-clients) over all clients' models, FedREP setup",
+        KRUM_PAPER, FLWR_ROBUST_CHECKS, False,
+    ),
+    "flwr-fedmedian": AlgorithmSpec(
+        "strategies.flower_robust:FlwrFedMedian", "clients.fedrep:FlowerDenseClient", FLWR_ROBUST_KEYS,
+        "Flower's built-in FedMedian (coordinate-wise median) over all clients' models, FedREP setup",
+        YIN_PAPER, FLWR_ROBUST_CHECKS, False,
+    ),
+    "flwr-fedtrimmedavg": AlgorithmSpec(
+        "strategies.flower_robust:FlwrFedTrimmedAvg", "clients.fedrep:FlowerDenseClient",
+        (*FLWR_ROBUST_KEYS, "tmean-fraction"),
+        "Flower's built-in FedTrimmedAvg (beta = tmean-fraction cut per side) over all clients' models, FedREP setup",
+        YIN_PAPER, FLWR_ROBUST_CHECKS, False,
     ),
 }

@@ -184,9 +184,8 @@ class FedREP(FederatedStrategy):
             consensus = np.arange(self.dim, dtype=np.int64)
         else:
             consensus = conspar.consensus(list(proposals.values()), self.dim, self.k)
-        from fedapp import secagg
 
-        buffers, left_out = secagg.buffer_partition(sorted(proposals), self.buffer_size, rng_for(c.seed, STREAM_BUFFERS, server_round))
+        buffers, left_out = self.make_buffers(sorted(proposals), server_round)
         if left_out:
             log(WARNING, "round %d: clients %s left out of the buffers (incomplete buffer)", server_round, left_out)
         self.rs = {
@@ -194,6 +193,12 @@ class FedREP(FederatedStrategy):
             "buffer_of": {pid: b for b, members in enumerate(buffers) for pid in members},
             "I_wire": consensus.astype(np.uint32) if self.k < self.dim else np.zeros(0, dtype=np.uint32),
         }
+
+    def make_buffers(self, present: list[int], server_round: int) -> tuple[list[list[int]], list[int]]:
+        """S2: a fresh uniformly random partition of the present clients into buffers of size s (+ the left-out)."""
+        from fedapp import secagg
+
+        return secagg.buffer_partition(present, self.buffer_size, rng_for(self.cfg.seed, STREAM_BUFFERS, server_round))
 
     # ------------------------------------------------------------------ phase 2: submit
     def participants(self, server_round: int) -> list[int]:
@@ -288,3 +293,56 @@ class DenseFedAvg(FedREP):
 
     share = True
     fixed: ClassVar[dict[str, Any]] = {"buffer_size": 1, "secagg_mode": "plain", "aggregator": "mean"}
+
+
+class SparseSecAgg(FedREP):
+    """SparseSecAgg (Ergun, Sami, Guler 2021; spec 7.2, our reading in :mod:`fedapp.sparse_secagg`): every client
+    uploads the coordinates of its pairwise Bernoulli location masks, additively masked so that only per-coordinate
+    sums are revealed; no error compensation, no robust aggregation, one group of all clients (key
+    ``sparse-secagg``). ``conspar-fraction`` is its Gamma (fraction of coordinates each client sends) and
+    ``sparsesecagg-scale`` divides the sums by N (default, what the paper's best lr = 5 hints at) or by N Gamma.
+    """
+
+    share = True
+    fixed: ClassVar[dict[str, Any]] = {"secagg_mode": "masked", "aggregator": "mean"}
+
+    def make_buffers(self, present: list[int], server_round: int) -> tuple[list[list[int]], list[int]]:
+        """One group: every client that answered phase 1."""
+        return [present], []
+
+    def client_payload(self, server_round: int, partition_id: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
+        from fedapp.sparse_secagg import location_probability
+
+        arrays, config = super().client_payload(server_round, partition_id)
+        config["p"] = location_probability(min(self.cfg.conspar_fraction, 1.0), len(self.rs["buffers"][0]))
+        return arrays, config
+
+    def decode_update(self, server_round: int, partition_id: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
+        if len(arrays) != 2:
+            raise MalformedPayload(f"SparseSecAgg upload has {len(arrays)} arrays, expected 2 (indices, values)")
+        idx, vals = arrays
+        if idx.dtype != np.uint32 or vals.dtype != np.uint32 or idx.ndim != 1 or idx.shape != vals.shape:
+            raise MalformedPayload("SparseSecAgg upload must be two 1-D uint32 arrays of one length")
+        if idx.size and (int(idx[-1]) >= self.dim or np.any(np.diff(idx.astype(np.int64)) <= 0)):
+            raise MalformedPayload(f"indices must be ascending, unique and < {self.dim}")
+        return idx, vals
+
+    def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
+        from fedapp.sparse_secagg import decode_sparse_sum
+
+        (group,) = self.rs["buffers"]
+        diag = {"buffers": 1.0, "discarded_buffers": 0.0,
+                "mean_train_loss": float(np.mean(self.rs["losses"])) if self.rs["losses"] else float("nan")}
+        if set(group) - set(updates):  # unmatched pairwise masks: nothing can be decoded
+            log(WARNING, "round %d: %d client(s) of the group missing; the aggregate is discarded", server_round,
+                len(set(group) - set(updates)))
+            return {**diag, "buffers": 0.0, "discarded_buffers": 1.0}
+        sums, counts = decode_sparse_sum({p: updates[p] for p in group}, self.dim)
+        n = len(group)
+        gamma = float(np.mean([len(updates[p][0]) for p in group])) / self.dim
+        scale = n * gamma if self.cfg.sparsesecagg_scale == "sum/(N*Gamma)" else n
+        idx = np.flatnonzero(counts > 0).astype(np.int64)
+        update = (sums[idx] / scale).astype(np.float32)
+        self.w = server_step(self.w, idx, update.astype(np.float64))
+        self.last_update = (idx, update)
+        return {**diag, "consensus_size": float(len(idx)), "gamma": gamma, "update_norm": float(np.linalg.norm(update))}

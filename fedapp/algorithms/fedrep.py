@@ -125,7 +125,10 @@ def validate_config(cfg: Any) -> None:
     if cfg.conspar_fraction > cfg.num_clients:
         raise ConfigError(f"run config key 'conspar-fraction' ({cfg.conspar_fraction}) exceeds 'num-clients' "
                           f"({cfg.num_clients}): K = m d (every client proposes all d coordinates) is the largest")
-    if cfg.algorithm == "fedrep-fedavg":  # s = 1, plain, mean are fixed for the baseline
+    if cfg.algorithm in ("fedrep-fedavg", "sparse-secagg"):  # buffers / masking are fixed for these baselines
+        if cfg.algorithm == "sparse-secagg" and cfg.attack in ("alie", "foe"):
+            raise ConfigError(f"run config key 'attack' is {cfg.attack!r}: SparseSecAgg masks every upload, an "
+                              "omniscient attack cannot see the honest ones")
         return
     if cfg.num_clients % cfg.buffer_size:
         raise ConfigError(f"run config key 'buffer-size' ({cfg.buffer_size}) must divide 'num-clients' "
@@ -136,3 +139,22 @@ def validate_config(cfg: Any) -> None:
     if cfg.secagg_mode == "masked" and cfg.attack in ("alie", "foe"):
         raise ConfigError(f"run config key 'attack' is {cfg.attack!r}, an omniscient attack that needs the honest "
                           "clients' uploads: it can run only with secagg-mode=plain (masking hides them by design)")
+
+
+def validate_flower_robust(cfg: Any) -> None:
+    """Run-config rules of Flower's Krum / FedMedian / FedTrimmedAvg on the FedREP setup (``flwr-krum``,
+    ``flwr-fedmedian``, ``flwr-fedtrimmedavg``): a torch network, fewer Byzantine clients than clients, and no
+    coordinate attack (there is no proposal phase to attack). Every client trains every round; buffers, masking
+    and ConSpar do not exist here, so ALIE / FoE are always possible (the server sees each model in the clear)."""
+    from fedapp.config import ConfigError
+    from fedapp.models.torch_net import TORCH_MODELS
+
+    if cfg.model not in TORCH_MODELS:
+        raise ConfigError(f"run config key 'model' is {cfg.model!r}; {cfg.algorithm} trains a torch network: "
+                          f"one of {', '.join(TORCH_MODELS)}")
+    if cfg.byzantine_clients >= cfg.num_clients:
+        raise ConfigError(f"run config key 'byzantine-clients' ({cfg.byzantine_clients}) must be below "
+                          f"'num-clients' ({cfg.num_clients})")
+    if cfg.coord_attack != "none":
+        raise ConfigError(f"run config key 'coord-attack' is {cfg.coord_attack!r}, but {cfg.algorithm} has no "
+                          "coordinate proposals to attack: use coord-attack=none")
