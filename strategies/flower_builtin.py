@@ -69,9 +69,13 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
     def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
         self.cfg = cfg
         self.evaluator = evaluator
-        self.x: FloatArray = rng_for(cfg.seed, STREAM_INIT).normal(0.0, cfg.init_std, size=build_model(cfg).dim)
+        self.x: FloatArray = self.initial_x()
         self.init_bookkeeping()  # privacy is keyed by node id here (no partition map)
         super().__init__(**self.flower_kwargs())
+
+    def initial_x(self) -> FloatArray:
+        """The initial global model: x_0^0 of our linear-model strategies (a subclass may start elsewhere)."""
+        return rng_for(self.cfg.seed, STREAM_INIT).normal(0.0, self.cfg.init_std, size=build_model(self.cfg).dim)
 
     def flower_kwargs(self) -> dict[str, Any]:
         """Constructor arguments of the Flower strategy (a subclass adds its own)."""
