@@ -82,6 +82,12 @@ def propose(msg: Message, context: Context) -> Message:
     return Message(handle("query.propose", msg.content, context), reply_to=msg)
 
 
+@app.query("register")
+def register(msg: Message, context: Context) -> Message:
+    """DP-RECAL's registration before iteration 1: initialise the agent's state, report L_i, alpha_i, m_i."""
+    return Message(handle("query.register", msg.content, context), reply_to=msg)
+
+
 @app.query("whoami")
 def whoami(msg: Message, context: Context) -> Message:
     """Report partition-id / num-partitions."""

@@ -15,7 +15,7 @@ from typing import Any
 Scalar = int | float | bool | str
 # kept literal (not imported from fedapp.data) so that parsing a config never imports the data stack
 MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "lenet5", "cnn", "resnet20")
-DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10", "synthetic", "synthetic-10class", "synthetic-binary")
+DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10", "covtype", "synthetic", "synthetic-10class", "synthetic-binary")
 
 
 class ConfigError(ValueError):
@@ -134,6 +134,24 @@ class RunConfig:
     alie_z: str = field(default="epfml", metadata=_key("alie-z", _choice("epfml", "baruch")))
     foe_eps: float = field(default=0.5, metadata=_key("foe-eps", _positive))
     sparsesecagg_scale: str = field(default="sum/N", metadata=_key("sparsesecagg-scale", _choice("sum/N", "sum/(N*Gamma)")))
+    # ---- decentralized (seed 001: dp-recal and its baselines); defaults are the paper's Section VII settings
+    graph: str = field(default="ring", metadata=_key("graph", None, "ring | complete | star | path | er:<p> | "
+                                                     "geometric:<radius> | edges:<file>"))
+    walk: str = field(default="markov", metadata=_key("walk", _choice("markov", "cyclic", "iid")))
+    walk_start: str = field(default="stationary", metadata=_key("walk-start", None, "stationary | uniform | fixed:<id>"))
+    recal_mode: str = field(default="private", metadata=_key("recal-mode", _choice("private", "exact")))
+    recal_epsilon: float = field(default=10.0, metadata=_key("recal-epsilon", _nonneg, "target eps; 0 = recal-sigma1"))
+    recal_sigma1: float = field(default=0.0, metadata=_key("recal-sigma1", _nonneg, "sigma_1 when recal-epsilon = 0"))
+    recal_r: float = field(default=1.01, metadata=_key("recal-r", lambda v: v >= 1, "R: variance decay per activation"))
+    recal_delta: float = field(default=1e-3, metadata=_key("recal-delta", _prob))
+    xi_plan: str = field(default="walk", metadata=_key("xi-plan", _choice("walk", "K"), "planned LCI for calibration"))
+    stop_on_budget: bool = field(default=False, metadata=_key("stop-on-budget"))
+    alpha_scale: float = field(default=0.5, metadata=_key("alpha-scale", _prob, "alpha_i = scale * 2/(L_i + 1)"))
+    recal_nu1: float = field(default=0.5, metadata=_key("recal-nu1", _nonneg, "l1 weight of the elastic net"))
+    recal_nu2: float = field(default=0.5, metadata=_key("recal-nu2", _nonneg, "l2 weight of the elastic net"))
+    label_mode: str = field(default="onehot_pm1", metadata=_key("label-mode", _choice("onehot_pm1", "binary_pm1")))
+    recal_samples: int = field(default=0, metadata=_key("recal-samples", _nonneg, "0 = all (MNIST 60,000)"))
+    x1_init: str = field(default="normal", metadata=_key("x1-init", _choice("normal", "zero")))
 
     @property
     def horizon(self) -> int:
@@ -242,6 +260,14 @@ def parse_run_config(raw: Mapping[str, Any], *, algorithms: Mapping[str, Any] | 
 
 
 _RANGES = {
+    "recal-epsilon": ">= 0",
+    "recal-sigma1": ">= 0",
+    "recal-r": ">= 1",
+    "recal-delta": "in (0, 1)",
+    "alpha-scale": "in (0, 1)",
+    "recal-nu1": ">= 0",
+    "recal-nu2": ">= 0",
+    "recal-samples": ">= 0",
     "conspar-fraction": "> 0",
     "conspar-alpha": "in [0, 1]",
     "buffer-size": ">= 1",

@@ -79,6 +79,12 @@ SPARSESECAGG_PAPER = "Ergun, Sami, Guler, Sparsified Secure Aggregation for Priv
 SEED003 = "Yang, Wang, Li, FedREP: A Byzantine-Robust, Communication-Efficient and Privacy-Preserving Framework, arXiv 2303.05206"
 SHARE_PAPER = "Velicheti, Xia, Koyejo, Secure Byzantine-Robust Distributed Learning via Clustering, arXiv 2110.02940"
 FEDREP_CHECKS = "fedapp.algorithms.fedrep:validate_config"
+RECAL_KEYS = (
+    "graph", "walk", "walk-start", "recal-mode", "recal-epsilon", "recal-sigma1", "recal-r", "recal-delta", "xi-plan",
+    "stop-on-budget", "alpha-scale", "recal-nu1", "recal-nu2", "label-mode", "recal-samples", "x1-init", "noise-seed",
+)
+SEED001 = "DP-RECAL: decentralized primal-dual learning with relay communication (seed 001)"
+RECAL_CHECKS = "fedapp.algorithms.recal:validate_config"
 # Flower's Krum / FedMedian / FedTrimmedAvg on the FedREP setup: the local algorithm and attack keys, no ConSpar,
 # buffers, masking or FedREP aggregator (tmean-fraction only for FedTrimmedAvg's beta)
 FLWR_ROBUST_KEYS = ("local-steps", "lr", "momentum", "lr-decay-round", "byzantine-clients", "attack", "alie-z", "foe-eps")
@@ -178,6 +184,12 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "strategies.fedrep:SparseSecAgg", "clients.fedrep:SparseSecAggClient", (*FEDREP_KEYS, "sparsesecagg-scale"),
         "SparseSecAgg baseline: pairwise Bernoulli location masks + additive masks, per-coordinate sums, no error "
         "compensation, no robust aggregation (Gamma = conspar-fraction)", SPARSESECAGG_PAPER, FEDREP_CHECKS, False,
+    ),
+    # Seed 001 (spec shared/specs/dp_recal.md): the server only routes the baton along a random walk.
+    "dp-recal": AlgorithmSpec(
+        "strategies.recal:DPRECAL", "clients.recal:RecalClient", RECAL_KEYS,
+        "DP-RECAL: one agent per round holds the baton (x, u~), (12a)-(12e) + Gaussian noise on u~, random-walk relay",
+        SEED001, RECAL_CHECKS, False,
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(

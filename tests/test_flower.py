@@ -87,3 +87,22 @@ def test_fedrep_masked_flower_simulation_equals_inprocess_driver(tmp_path: Path)
         assert {k: fr[k] for k in keys} == {k: lr[k] for k in keys}
         assert fr["buffers"] == 2 and fr["discarded_buffers"] == 0
     np.testing.assert_array_equal(np.load(tmp_path / "flower" / "model.npy"), np.load(path.parent / "model.npy"))
+
+
+RECAL = {"algorithm": "dp-recal", "dataset": "mnist", "num-clients": 8, "clients-per-round": 8,
+         "num-server-rounds": 24, "recal-samples": 2000, "recal-epsilon": 5.0, "eval-every": 8}
+
+
+def test_dp_recal_flower_simulation_equals_inprocess_driver(tmp_path: Path) -> None:
+    """The server only routes: one holder per round, the baton (x, u~) relayed unchanged; same walk, same noise."""
+    res = run_flower(RECAL, tmp_path / "flower", num_supernodes=8, stream=False)
+    assert res.status == "finished:completed"
+    flower = json.loads(res.results.read_text())
+    cfg = parse_run_config(RECAL)
+    strategy, _, wall = run_inprocess(cfg)
+    local, path = finish(cfg, strategy, "in-process", wall_s=wall, out_dir=str(tmp_path / "local"))
+    keys = ("round", "objective_gap", "epsilon", "uplink_bytes", "downlink_bytes", "agent", "lci", "graph_msgs")
+    for fr, lr in zip(flower["rounds"], local["rounds"], strict=True):
+        assert {k: fr[k] for k in keys} == {k: lr[k] for k in keys}
+    np.testing.assert_array_equal(np.load(tmp_path / "flower" / "model.npy"), np.load(path.parent / "model.npy"))
+    assert flower["rounds"][-1]["graph_msgs"] == 24

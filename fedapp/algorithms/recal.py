@@ -1024,3 +1024,28 @@ def load_covtype_problem(
     targets = encode_targets(labels, label_mode, 7, positive=(COVTYPE_POSITIVE_CLASS - 1,))
     b_parts, t_parts = split_agents(feats, targets, n_agents, seed, min(num_samples, feats.shape[0]))
     return ElasticNetProblem.from_arrays(b_parts, t_parts, nu1, nu2)
+
+
+def validate_config(cfg: Any) -> None:
+    """DP-RECAL's run-config rules (raise ConfigError naming the key), checked before any round."""
+    from fedapp import topology
+    from fedapp.config import ConfigError
+
+    if cfg.dataset not in ("mnist", "covtype"):
+        raise ConfigError(f"run config key 'dataset' is {cfg.dataset!r}; {cfg.algorithm} solves the paper's elastic net "
+                          "on 'mnist' (offline) or 'covtype' (data-source=online, scikit-learn's loader)")
+    if cfg.dataset == "covtype" and cfg.data_source != "online":
+        raise ConfigError("run config key 'data-source' must be 'online' for dataset 'covtype' (it is downloaded by "
+                          "scikit-learn's fetch_covtype, so it needs a network)")
+    if cfg.num_clients < 2:
+        raise ConfigError("run config key 'num-clients' must be >= 2 for a graph of agents")
+    try:
+        topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
+    except ValueError as err:
+        raise ConfigError(f"run config key 'graph' is invalid: {err}") from None
+    start = cfg.walk_start
+    if start not in ("stationary", "uniform") and not (start.startswith("fixed:") and start[6:].isdigit()
+                                                       and int(start[6:]) < cfg.num_clients):
+        raise ConfigError(f"run config key 'walk-start' is {start!r}; use 'stationary', 'uniform' or 'fixed:<id>' with "
+                          f"id < num-clients ({cfg.num_clients})")
+    # recal-epsilon = 0 with recal-sigma1 = 0 is RECAL without noise (allowed, not private)
