@@ -75,14 +75,14 @@ def run_table(out: Path, *, eps_list: tuple[float, ...] = (1.0, 5.0, 10.0), samp
                                   "epsilon": eps, "eval_every": 25}
         for method, sim, T in (("DP-NIDS", simulate_nids, 600), ("DP-PG-EXTRA", simulate_pg_extra, 600)):
             t0 = time.perf_counter()
-            res = sim(problem, graph, T, **common)
-            realised = res.epsilon(delta) if eps is not None else float("inf")
-            record(method if eps is not None else method[3:], eps, res, paper_communication(method[3:].lower(), graph, T),
-                   time.perf_counter() - t0, realised, res.lci)
+            base = sim(problem, graph, T, **common)
+            realised = base.epsilon(delta) if eps is not None else float("inf")
+            record(method if eps is not None else method[3:], eps, base, paper_communication(method[3:].lower(), graph, T),
+                   time.perf_counter() - t0, realised, base.lci)
         t0 = time.perf_counter()
-        res = simulate_rw_admm(problem, graph, 1200, **{**common, "eval_every": 100}, walk_seed=seed)
-        record("DP-RW-ADMM" if eps is not None else "RW-ADMM", eps, res, paper_communication("rw-admm", graph, 1200),
-               time.perf_counter() - t0, res.epsilon(delta) if eps is not None else float("inf"), res.lci)
+        rw = simulate_rw_admm(problem, graph, 1200, **{**common, "eval_every": 100}, walk_seed=seed)
+        record("DP-RW-ADMM" if eps is not None else "RW-ADMM", eps, rw, paper_communication("rw-admm", graph, 1200),
+               time.perf_counter() - t0, rw.epsilon(delta) if eps is not None else float("inf"), rw.lci)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.json").write_text(json.dumps({"rows": rows, "R": R, "delta": delta, "K": K, "xi_plan": xi_plan,
                                                 "samples": samples or 60000, "graph": graph_spec}, indent=1))
