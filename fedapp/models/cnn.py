@@ -81,3 +81,45 @@ class LeNet5(nn.Module):
         if x.dim() == 2:
             x = x[:, : 28 * 28].reshape(-1, 1, 28, 28)
         return self.classifier(self.features(x))  # type: ignore[no-any-return]
+
+
+class LeNet5Valid(nn.Module):
+    """LeNet-5 without padding and without BatchNorm: the DPQ-DSGD MNIST model (dp_quantized.md 6.3).
+
+    Conv(1->6,5) - ReLU - pool - Conv(6->16,5) - ReLU - pool - FC(256->120) - ReLU - FC(120->84) - ReLU -
+    FC(84->classes). 'Valid' convolutions on 28x28 leave 16x4x4 = 256 features, so there are 44,426 trainable
+    parameters for 10 classes (156 + 2,416 + 30,840 + 10,164 + 850) and no buffers: the flat vector that DPQ-DSGD
+    noises and quantizes is exactly the trainable weights. :class:`LeNet5` pads the first conv (61,706 parameters).
+
+    Parameters
+    ----------
+    num_classes
+        Output classes (default 10, MNIST).
+    in_channels
+        Input channels (default 1, grey images).
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 6, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(16 * 4 * 4, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch shaped (B, C, 28, 28), or (B, 784[+1]) flat features (a bias column is dropped)."""
+        if x.dim() == 2:
+            x = x[:, : 28 * 28].reshape(-1, 1, 28, 28)
+        return self.classifier(self.features(x))  # type: ignore[no-any-return]

@@ -26,6 +26,7 @@ from fedapp.models.base import FloatArray
 #: model key -> (constructor(num_classes) -> module, expected input shape without the batch dimension)
 TORCH_MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
     "lenet5": ("fedapp.models.cnn:LeNet5", (1, 28, 28)),
+    "lenet5-valid": ("fedapp.models.cnn:LeNet5Valid", (1, 28, 28)),
     "cnn": ("fedapp.models.cnn:SmallCNN", (1, 28, 28)),
     "resnet20": ("fedapp.models.resnet:ResNet20", (3, 32, 32)),
 }
