@@ -146,12 +146,17 @@ class RunConfig:
     recal_delta: float = field(default=1e-3, metadata=_key("recal-delta", _prob))
     xi_plan: str = field(default="walk", metadata=_key("xi-plan", _choice("walk", "K"), "planned LCI for calibration"))
     stop_on_budget: bool = field(default=False, metadata=_key("stop-on-budget"))
-    alpha_scale: float = field(default=0.5, metadata=_key("alpha-scale", _prob, "alpha_i = scale * 2/(L_i + 1)"))
+    alpha_scale: float = field(default=0.5, metadata=_key("alpha-scale", _prob, "alpha_i = scale * 2/(L_i + 1); "
+                                                                      "dp-pg-extra / dp-nids: scale * stepsize bound"))
     recal_nu1: float = field(default=0.5, metadata=_key("recal-nu1", _nonneg, "l1 weight of the elastic net"))
     recal_nu2: float = field(default=0.5, metadata=_key("recal-nu2", _nonneg, "l2 weight of the elastic net"))
     label_mode: str = field(default="onehot_pm1", metadata=_key("label-mode", _choice("onehot_pm1", "binary_pm1")))
     recal_samples: int = field(default=0, metadata=_key("recal-samples", _nonneg, "0 = all (MNIST 60,000)"))
     x1_init: str = field(default="normal", metadata=_key("x1-init", _choice("normal", "zero")))
+    # ---- DP-RW-ADMM (seed 001's random-walk baseline, fedapp/algorithms/recal_baselines.py)
+    rw_beta_scale: float = field(default=2.0, metadata=_key("rw-beta-scale", _positive, "ADMM penalty beta = scale * L_max"))
+    rw_activation_prob: float = field(default=0.5, metadata=_key("rw-activation-prob", _ratio, "P: one paper iteration "
+                                                                 "= P n token hops (Table V comm. count only)"))
 
     @property
     def horizon(self) -> int:
@@ -268,6 +273,8 @@ _RANGES = {
     "recal-nu1": ">= 0",
     "recal-nu2": ">= 0",
     "recal-samples": ">= 0",
+    "rw-beta-scale": "> 0",
+    "rw-activation-prob": "in (0, 1]",
     "conspar-fraction": "> 0",
     "conspar-alpha": "in [0, 1]",
     "buffer-size": ">= 1",

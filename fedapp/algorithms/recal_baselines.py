@@ -114,6 +114,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -121,6 +122,9 @@ from numpy.typing import ArrayLike, NDArray
 from fedapp import topology
 from fedapp.algorithms.recal import ElasticNetProblem, FloatArray, prox_nr, solve_elastic_net
 from fedapp.privacy import zcdp
+
+if TYPE_CHECKING:
+    from fedapp.config import RunConfig
 
 __all__ = [
     "ALGORITHMS",
@@ -138,6 +142,7 @@ __all__ = [
     "RWAdmmState",
     "baseline_sigma1",
     "canonical_algorithm",
+    "data_free_sensitivity",
     "elastic_net_prox",
     "gradient_message_sensitivity",
     "messages_per_iteration",
@@ -154,12 +159,15 @@ __all__ = [
     "publication_noise",
     "rw_admm_hops",
     "rw_admm_initial_token",
+    "rw_admm_paper_iterations",
     "rw_admm_publish",
     "rw_admm_sensitivity",
     "rw_admm_step",
     "simulate_nids",
     "simulate_pg_extra",
     "simulate_rw_admm",
+    "validate_rw_admm_config",
+    "validate_sync_config",
 ]
 
 GradFn = Callable[[FloatArray], FloatArray]
@@ -242,6 +250,22 @@ def rw_admm_hops(T: int, activation_prob: float, n: int) -> int:
     if not 0.0 < activation_prob <= 1.0:
         raise ValueError(f"activation_prob must lie in (0, 1], got {activation_prob}")
     return _hop_boundary(T, activation_prob, n)
+
+
+def rw_admm_paper_iterations(hops: int, activation_prob: float, n: int) -> int:
+    """Paper iterations completed after ``hops`` token hops: the largest k with ``rw_admm_hops(k, P, n) <= hops``.
+
+    The inverse of :func:`rw_admm_hops` (what :func:`simulate_rw_admm` reports as ``iterations``); the Flower
+    DP-RW-ADMM counts the paper's messages as ``messages_per_iteration * rw_admm_paper_iterations(hops)``.
+    """
+    if hops < 0 or n < 1:
+        raise ValueError(f"need hops >= 0 and n >= 1, got hops={hops}, n={n}")
+    if not 0.0 < activation_prob <= 1.0:
+        raise ValueError(f"activation_prob must lie in (0, 1], got {activation_prob}")
+    k = int((hops + 0.5) / (activation_prob * n)) + 2
+    while k > 0 and _hop_boundary(k, activation_prob, n) > hops:
+        k -= 1
+    return k
 
 
 def _hop_boundary(k: int, activation_prob: float, n: int) -> int:
@@ -1053,3 +1077,51 @@ def simulate_rw_admm(
         hops=hops,
         holders=np.asarray(holders[:hops], dtype=np.int64),
     )
+
+
+# --------------------------------------------------------------------------------------------- run-config rules
+def data_free_sensitivity(algorithm: str, graph: topology.Graph, alpha_scale: float, beta_scale: float) -> float:
+    """The baselines' Delta with the default stepsize / penalty, which does not depend on the data.
+
+    PG-EXTRA ``2 alpha L`` with ``alpha = alpha_scale * 2 lambda_min(W~) / L``: ``4 alpha_scale lambda_min(W~)``;
+    NIDS ``alpha = alpha_scale * 2 / L``: ``4 alpha_scale``; RW-ADMM ``4 L / (n beta)`` with ``beta = beta_scale L``:
+    ``4 / (n beta_scale)``. Equal (up to rounding) to what the Flower strategies compute after registration; used
+    to reject an unrepresentable sigma_1 before round 1.
+    """
+    algo = canonical_algorithm(algorithm)
+    if algo == "pg-extra":
+        return gradient_message_sensitivity(alpha_scale * pg_extra_alpha_bound(topology.metropolis_weights(graph), 1.0), 1.0)
+    if algo == "nids":
+        return gradient_message_sensitivity(alpha_scale * nids_alpha_bound(1.0), 1.0)
+    if algo == "rw-admm":
+        return rw_admm_sensitivity(beta_scale, 1.0, graph.n)
+    raise ValueError(f"{algorithm!r} is not a Table V baseline with a data-free sensitivity")
+
+
+def _validate_baseline(cfg: RunConfig, algorithm: str, xi: Callable[[topology.Graph], int]) -> None:
+    from fedapp.algorithms.recal import validate_config
+    from fedapp.config import ConfigError
+
+    validate_config(cfg)  # dataset, data-source, num-clients >= 2, graph, walk-start
+    if cfg.recal_epsilon <= 0:
+        return  # sigma_1 = recal-sigma1 as given (0: the non-private algorithm)
+    graph = topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
+    delta_s = data_free_sensitivity(algorithm, graph, cfg.alpha_scale, cfg.rw_beta_scale)
+    try:
+        baseline_sigma1(cfg.recal_epsilon, cfg.recal_delta, cfg.recal_r, xi(graph), delta_s)
+    except zcdp.CalibrationOverflowError as err:
+        raise ConfigError(f"run config key 'recal-r' = {cfg.recal_r} makes sigma_1 unrepresentable for "
+                          f"{cfg.algorithm} (recal-epsilon={cfg.recal_epsilon}): {err}") from None
+
+
+def validate_sync_config(cfg: RunConfig) -> None:
+    """dp-pg-extra / dp-nids run-config rules (ConfigError naming the key): DP-RECAL's
+    :func:`fedapp.algorithms.recal.validate_config`, and a representable sigma_1 at ``xi = num-server-rounds``."""
+    algorithm = "nids" if cfg.algorithm == "dp-nids" else "pg-extra"
+    _validate_baseline(cfg, algorithm, lambda _g: cfg.num_server_rounds)
+
+
+def validate_rw_admm_config(cfg: RunConfig) -> None:
+    """dp-rw-admm run-config rules: DP-RECAL's, and a representable sigma_1 at the planned LCI
+    (:func:`fedapp.topology.plan_xi` of num-server-rounds token hops, rule ``xi-plan``)."""
+    _validate_baseline(cfg, "rw-admm", lambda g: topology.plan_xi(cfg.num_server_rounds, g, cfg.walk, rule=cfg.xi_plan))
