@@ -85,6 +85,21 @@ RECAL_KEYS = (
 )
 SEED001 = "DP-RECAL: decentralized primal-dual learning with relay communication (seed 001)"
 RECAL_CHECKS = "fedapp.algorithms.recal:validate_config"
+# DP-RECAL's Table V baselines (seed 001, spec 5.6): the DP and problem keys of dp-recal they read
+SYNC_BASELINE_KEYS = (
+    "graph", "recal-epsilon", "recal-sigma1", "recal-r", "recal-delta", "alpha-scale", "recal-nu1", "recal-nu2",
+    "label-mode", "recal-samples", "x1-init", "noise-seed",
+)
+RW_ADMM_KEYS = (
+    "graph", "walk", "walk-start", "recal-epsilon", "recal-sigma1", "recal-r", "recal-delta", "xi-plan",
+    "stop-on-budget", "rw-beta-scale", "rw-activation-prob", "recal-nu1", "recal-nu2", "label-mode", "recal-samples",
+    "x1-init", "noise-seed",
+)
+SYNC_BASELINE_CHECKS = "fedapp.algorithms.recal_baselines:validate_sync_config"
+RW_ADMM_CHECKS = "fedapp.algorithms.recal_baselines:validate_rw_admm_config"
+PG_EXTRA_PAPER = "Shi, Ling, Wu, Yin, A Proximal Gradient Algorithm for Decentralized Composite Optimization, IEEE TSP 2015"
+NIDS_PAPER = "Li, Shi, Yan, A Decentralized Proximal-Gradient Method With Network Independent Step-Sizes and Separated Convergence Rates, IEEE TSP 2019"
+RW_ADMM_PAPER = "Shah & Avrachenkov, asynchronous ADMM with Markov-chain node selection, arXiv 1810.05067 (Walkman-style stand-in)"
 # Flower's Krum / FedMedian / FedTrimmedAvg on the FedREP setup: the local algorithm and attack keys, no ConSpar,
 # buffers, masking or FedREP aggregator (tmean-fraction only for FedTrimmedAvg's beta)
 FLWR_ROBUST_KEYS = ("local-steps", "lr", "momentum", "lr-decay-round", "byzantine-clients", "attack", "alie-z", "foe-eps")
@@ -190,6 +205,22 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "strategies.recal:DPRECAL", "clients.recal:RecalClient", RECAL_KEYS,
         "DP-RECAL: one agent per round holds the baton (x, u~), (12a)-(12e) + Gaussian noise on u~, random-walk relay",
         SEED001, RECAL_CHECKS, False,
+    ),
+    # DP-RECAL's Table V baselines: the server routes the agents' published messages (strategies/recal_baselines.py)
+    "dp-pg-extra": AlgorithmSpec(
+        "strategies.recal_baselines:DPPGExtra", "clients.recal_baselines:PGExtraClient", SYNC_BASELINE_KEYS,
+        "DP-PG-EXTRA baseline of DP-RECAL: every agent every round, the server forwards neighbours' noisy x_j",
+        PG_EXTRA_PAPER, SYNC_BASELINE_CHECKS, False,
+    ),
+    "dp-nids": AlgorithmSpec(
+        "strategies.recal_baselines:DPNids", "clients.recal_baselines:NidsClient", SYNC_BASELINE_KEYS,
+        "DP-NIDS baseline of DP-RECAL: every agent every round, the server forwards neighbours' noisy v_j",
+        NIDS_PAPER, SYNC_BASELINE_CHECKS, False,
+    ),
+    "dp-rw-admm": AlgorithmSpec(
+        "strategies.recal_baselines:DPRWAdmm", "clients.recal_baselines:RWAdmmClient", RW_ADMM_KEYS,
+        "DP-RW-ADMM baseline of DP-RECAL: a Walkman-style ADMM token relayed along the random walk, one hop per round",
+        RW_ADMM_PAPER, RW_ADMM_CHECKS, False,
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(
