@@ -125,9 +125,13 @@ class FedREPClient(FedClient):
         w = self._load("w", np.float32)
         if w is None:
             w = initial_weights(self.cfg, self.net)
-        if len(parameters) == 2 and len(parameters[0]):
-            idx = np.asarray(parameters[0], dtype=np.int64)
-            w = server_step(w, idx, np.asarray(parameters[1], dtype=np.float32).astype(np.float64))
+        if len(parameters) == 2 and len(parameters[1]):
+            values = np.asarray(parameters[1], dtype=np.float32).astype(np.float64)
+            # empty indices with d values: an update on every coordinate (k = d)
+            idx = np.asarray(parameters[0], dtype=np.int64) if len(parameters[0]) else np.arange(self.net.dim)
+            if idx.shape != values.shape:
+                raise ValueError(f"sparse downlink has {len(idx)} indices but {len(values)} values")
+            w = server_step(w, idx, values)
         if model_crc(w) != int(config["model-crc"]):
             raise ValueError(f"client {self.partition_id}: local model out of sync with the server at round "
                              f"{config['server-round']} (CRC mismatch); it needs a dense model")

@@ -115,7 +115,10 @@ class FedREP(FederatedStrategy):
             "model-crc": model_crc(self.w), "masked": self.mode == "masked",
         }
         idx, vals = self.last_update
-        sparse = train_content([idx.astype(np.uint32), vals], {**base, "dense-model": False})
+        # An update on every coordinate (k = d: SHARE, dense FedAvg) goes without its index list: empty indices
+        # with d values mean "all coordinates" (half the bytes of listing them).
+        wire_idx = np.zeros(0, dtype=np.uint32) if len(idx) == self.dim else idx.astype(np.uint32)
+        sparse = train_content([wire_idx, vals], {**base, "dense-model": False})
         dense = train_content([self.w], {**base, "dense-model": True})
         out = []
         for pid in range(c.num_clients):
