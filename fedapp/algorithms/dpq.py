@@ -1,0 +1,852 @@
+"""DPQ-DSGD (Algorithm 1 of seed 004), framework-free: numpy, plus torch only for the CNN gradient.
+
+J. Chen, J. Wang, J.-F. Zhang, "Differentially Private Distributed Nonconvex Stochastic Optimization with Quantized
+Communications" (arXiv 2403.18254, the supplied text ``shared/seeds/004_f18e82f0bffe69cb.txt``; later arXiv versions
+with "two-time-scale step-sizes" differ and are not followed). Spec ``shared/specs/dp_quantized.md`` sections 1-2, 5,
+6.3, 7.2-7.6, 9, 10. The DP accountant (spec 4) lives in :mod:`fedapp.privacy.dpq`, not here.
+
+What is here
+------------
+* Schedules (spec 2.1; Theorem 1, Assumption 4, Corollary 1): :func:`alpha_hat` ``a1 (ln K)^2 / K^alpha``,
+  :func:`beta_hat` ``a2 / K^beta``, :func:`gamma_hat` ``floor(a3 K^gamma) + 1`` (the minibatch size, constant
+  within a run and growing with the horizon K), :func:`sigma_k` ``scale (k + offset)^sigma`` (the noise *standard
+  deviation*; offset 1 = theory, 5 = the paper's experiments). :data:`PAPER_MNIST` holds the paper's constants.
+* Run constants :class:`DPQParams`, built from a schedule by :func:`schedule_params` / :func:`paper_mnist_params`;
+  the ablations of spec 2.5 by :func:`ablation` (``"dpq"``, ``"dp-only"``, ``"quant-only"``, ``"dsgd"``).
+* The quantizer of eq. (3) on ``q_step * Z`` is :func:`fedapp.compression.quantize.quantize_levels` (levels) and
+  :func:`~fedapp.compression.quantize.dequantize`, called in one place (:func:`node_message`).
+* Noise std sigma_k comes from :func:`fedapp.privacy.dpq.sigma_k` (the accountant's own function), and
+  :func:`params_from_schedule` turns the accountant's :class:`fedapp.privacy.dpq.DPQSchedule` into run constants,
+  so the noise drawn and the epsilon charged use the same numbers.
+* Algorithm 1 per node (spec 2.3, 7.2), what a Flower client calls: :func:`node_message` (line 2: noise with std
+  sigma_k, quantize, return the integer levels), :func:`node_update` (lines 4-5: eqs. (5)-(6) from the neighbours'
+  received levels), :func:`node_round` (STEP(k) of spec 7.2: update, then the message of iteration k + 1).
+* :func:`simulate`: every node in one process, with ``engine="vectorised"`` (the network form, equal to the per-node
+  functions bit for bit with ``form="mixing"``; ``form="compact"`` evaluates eqs. (31)-(32) literally, equal up to
+  rounding) or ``engine="per_node"`` (a loop over :func:`node_round` with a mailbox, the arithmetic of a Flower run).
+* Local objectives: :class:`QuadraticObjective` (the spec 10 A1 toy ``1/2 ||x - b_i||^2``),
+  :class:`LeastSquaresObjective` (a minibatch least-squares toy), their closed forms :func:`quadratic_fixed_point`
+  (the noise- and quantization-free fixed point of (6) with constant steps) and :func:`quadratic_optimum` (x* of F),
+  and :class:`TorchObjective` (a :class:`fedapp.models.torch_net.TorchNet` on a node's data).
+* The MNIST setup of spec 6.3 (:func:`mnist_setup`): 5 nodes, IID shards of 12,000, ring with Metropolis weights,
+  the unpadded LeNet-5 ``lenet5-valid`` (d = 44,426), a common seeded init; :func:`node_accuracies`.
+* Theory helpers of spec 5 that spec 10 tests (T1): :func:`rate_exponent`, :func:`corollary1_holds`,
+  :func:`assumption4_check` (with :func:`gamma_constant`, the paper's Gamma).
+
+Interpretations (spec 9 and ours)
+---------------------------------
+* **Self term** (spec 1.2, 9.3): node i mixes its *own quantized noisy* ``z_i = q_step m_i`` with weight ``a_ii``,
+  as (31) puts A (with its diagonal) on ``e_k + n_k``; ``self_term="x"`` (uses ``x_i``) is the non-default variant.
+* **Mixing order**: ``a_ii z_i`` first, then ``+ a_ij z_j`` for the neighbours in the order given (ascending j in
+  the simulators, the order of :class:`fedapp.topology.Graph` neighbour tuples). Both engines evaluate
+  ``(1 - beta_hat) * x + beta_hat * mix - alpha_hat * g`` with these element-wise operations, so they agree bit
+  for bit; the literal compact form (matrix products with ``I - beta_hat L`` and ``A``) agrees only up to rounding.
+* **Iterations**: the loop runs ``k = 0..K`` (K + 1 updates, spec 9.18); ``simulate(num_iters=None)`` runs K + 1.
+* **RNG** (spec 7.6, with stream tags as elsewhere in fedapp): noise ``default_rng([seed, 50, node, k])``, quantizer
+  uniforms ``[seed, 51, node, k]``, minibatch ``[seed, 52, node, k]`` (``choice(D, batch, replace=False)``), common
+  init ``[seed, 53]``. Stateless, so a re-created Flower client draws the same numbers as the simulator. The message
+  of iteration k uses sigma_k; the message sent after update k is iteration k + 1's, with sigma_{k+1} (spec 7.2, 9.6).
+* **Noise** is absolute (not scaled to the weights, spec 9.5); ``noise=False`` draws nothing (sigma_k = 0).
+* **Quantizer** (spec 2.2 [REC]): ``s = v / q_step``, ``l = floor(s)``, ``m = l + (U < s - l)``, U ~ U[0, 1) in
+  float64; levels are int64 (a transport may narrow them, decoding casts back); ``q_step = 0`` means no
+  quantization, and the message is ``x + n`` itself: float64 by default (so the noise- and quantization-free run is
+  exactly float64 DSGD, spec 10 A1 / F6), or float32 with ``float_messages="float32"`` (spec 2.2's float32 wire
+  format, :func:`fedapp.compression.quantize.encode_float32`; then the simulator rounds the same way).
+* **Minibatch** (spec 1.4, 9.20): ``batch_size`` indices without replacement, independent across iterations, mean
+  of the per-sample gradients (5); ``batch_size=None`` or a deterministic objective uses the full local gradient;
+  ``batch_size >= D`` uses all D samples. No per-sample clipping (the paper has none; spec 2.3's optional
+  ``clip`` is not implemented here).
+* **States** are float64 vectors; a :class:`TorchObjective` evaluates its gradient at ``float32(x)`` (TorchNet's
+  parameters are float32) and returns it in float64.
+* **Initial state**: data-independent and common to all nodes (spec 2.3 [REC]); :func:`mnist_setup` uses torch's
+  default init seeded from ``[seed, 53]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from fedapp import topology
+from fedapp.compression.quantize import dequantize, quantize_levels
+from fedapp.privacy import dpq as accountant
+
+if TYPE_CHECKING:
+    from fedapp.data.sources import ArrayDataset
+    from fedapp.models.torch_net import TorchNet
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+#: what node i sends: int64 quantizer levels m (z = q_step * m), or the float64 x + n when q_step = 0
+Message = NDArray[Any]
+
+__all__ = [
+    "ABLATIONS",
+    "PAPER_MNIST",
+    "STREAM_DPQ_BATCH",
+    "STREAM_DPQ_INIT",
+    "STREAM_DPQ_NOISE",
+    "STREAM_DPQ_QUANT",
+    "Assumption4Report",
+    "DPQParams",
+    "DPQTrace",
+    "LeastSquaresObjective",
+    "LocalObjective",
+    "MnistSetup",
+    "QuadraticObjective",
+    "TorchObjective",
+    "ablation",
+    "alpha_hat",
+    "assumption4_check",
+    "beta_hat",
+    "corollary1_holds",
+    "decode_message",
+    "dequantize",
+    "gamma_constant",
+    "gamma_hat",
+    "local_gradient",
+    "minibatch_indices",
+    "mnist_setup",
+    "node_accuracies",
+    "node_message",
+    "node_round",
+    "node_update",
+    "paper_mnist_params",
+    "params_from_schedule",
+    "privacy_noise",
+    "quadratic_fixed_point",
+    "quadratic_optimum",
+    "quadratic_toy",
+    "quantize_levels",
+    "rate_exponent",
+    "schedule_params",
+    "sigma_k",
+    "simulate",
+]
+
+# Stream tags (1-4 fedapp.sampling, 30-32 fedapp.topology, 40-42 recal_baselines, 101 attacks).
+STREAM_DPQ_NOISE = 50  # privacy noise n_{i,k}
+STREAM_DPQ_QUANT = 51  # quantizer uniforms of z_{i,k}
+STREAM_DPQ_BATCH = 52  # minibatch B_{i,k}
+STREAM_DPQ_INIT = 53  # common initial model x_0
+
+#: The paper's MNIST constants (Section 4; spec 2.1, 6.1). q_step in {1, 5, 10}, sigma_exp in {-0.1, 0.1, 0.2}.
+PAPER_MNIST: Mapping[str, float] = {
+    "K": 2000, "a1": 0.35, "alpha": 1.0, "a2": 0.3, "beta": 0.75, "a3": 0.24, "gamma": 0.7,
+    "delta": 3.0, "C": 0.2, "sigma_offset": 5.0,
+}  # fmt: skip
+
+ABLATIONS = ("dpq", "dp-only", "quant-only", "dsgd")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Schedules (spec 2.1)
+
+
+def _check_horizon(K: int) -> None:
+    if isinstance(K, bool) or int(K) != K or K < 2:
+        raise ValueError(f"the horizon K must be an integer >= 2, got {K!r}")
+
+
+def alpha_hat(K: int, a1: float, alpha: float) -> float:
+    """Gradient step ``a1 (ln K)^2 / K^alpha`` (Assumption 4), constant over the run's iterations 0..K."""
+    _check_horizon(K)
+    if a1 <= 0:
+        raise ValueError(f"a1 must be > 0, got {a1}")
+    return a1 * math.log(K) ** 2 / math.pow(K, alpha)
+
+
+def beta_hat(K: int, a2: float, beta: float) -> float:
+    """Consensus step ``a2 / K^beta`` (Assumption 4); ``ValueError`` unless ``0 < a2 < K^beta`` (0 < beta_hat < 1)."""
+    _check_horizon(K)
+    value = a2 / math.pow(K, beta)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"beta_hat = a2 / K^beta = {value} must lie in (0, 1) (Theorem 1: 0 < a2 < K^beta)")
+    return value
+
+
+def gamma_hat(K: int, a3: float, gamma: float) -> int:
+    """Minibatch size ``floor(a3 K^gamma) + 1`` (Assumption 4): constant within a run, grows with the horizon K."""
+    _check_horizon(K)
+    if a3 <= 0:
+        raise ValueError(f"a3 must be > 0, got {a3}")
+    return math.floor(a3 * math.pow(K, gamma)) + 1
+
+
+def sigma_k(k: int, sigma_exp: float, *, scale: float = 1.0, offset: float = 1.0) -> float:
+    """Noise standard deviation ``scale (k + offset)^sigma_exp`` (spec 2.1 [REC]; theory offset 1, paper offset 5).
+
+    Evaluated by :func:`fedapp.privacy.dpq.sigma_k`, so the noise drawn is exactly the sigma the accountant charges.
+    """
+    return accountant.sigma_k(k, sigma_exp, offset, scale)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Theory helpers (spec 5, tested as spec 10 T1)
+
+
+def rate_exponent(alpha: float, beta: float, sigma: float) -> float:
+    """Theorem 2's r in ``E[F(x_{i,K+1}) - F*] = O(K^-r)``: ``min{2 beta - 2 max{sigma, 0} - 1, 2 alpha - beta - 1}``."""
+    return min(2.0 * beta - 2.0 * max(sigma, 0.0) - 1.0, 2.0 * alpha - beta - 1.0)
+
+
+def _exponents_converge(alpha: float, beta: float, sigma: float) -> bool:
+    # Assumption 4's exponent conditions: 2 alpha - beta > 1 and max{sigma + 1/2, 0} < beta < alpha <= 1
+    return 2.0 * alpha - beta > 1.0 and max(sigma + 0.5, 0.0) < beta < alpha <= 1.0
+
+
+def corollary1_holds(alpha: float, beta: float, sigma: float, gamma: float, delta: float) -> bool:
+    """Corollary 1 (spec 5.2): Assumption 4's exponent conditions plus Theorem 1's finite-privacy ones,
+    ``delta > 1`` and ``alpha + gamma - beta > max{1 - sigma, 0}``."""
+    return _exponents_converge(alpha, beta, sigma) and delta > 1.0 and alpha + gamma - beta > max(1.0 - sigma, 0.0)
+
+
+def gamma_constant(K: int, a2: float, beta: float, rho_L: float) -> float:
+    """Assumption 4's ``Gamma = (2 rho a2 K^beta - rho^2 a2^2 - K^(2 beta - 1) ln K) / (K^beta - rho a2)^2``."""
+    _check_horizon(K)
+    kb = math.pow(K, beta)
+    return (2 * rho_L * a2 * kb - rho_L**2 * a2**2 - math.pow(K, 2 * beta - 1) * math.log(K)) / (kb - rho_L * a2) ** 2
+
+
+@dataclass(frozen=True)
+class Assumption4Report:
+    """Each condition of Assumption 4 (spec 5.3); ``None`` where L, mu or n were not given.
+
+    ``holds`` is False if any checked condition fails, True if all hold, None if undecided.
+    """
+
+    constants_positive: bool  # a1, a2, a3 > 0
+    exponents: bool  # 2 alpha - beta > 1, max{sigma + 1/2, 0} < beta < alpha <= 1
+    a2_condition: bool  # 2 a2 K^beta - a2^2 - K^(2 beta - 1) ln K > 0
+    gamma: float  # Gamma (must be > 0)
+    theta_consensus: bool | None  # 0 < 1 - ln K / K + 2 (1 + Gamma) alpha_hat^2 L^2 / Gamma < 1
+    theta_optimality: bool | None  # 0 < 1 - mu alpha_hat + 2 alpha_hat^2 L^2 + 4 n (1 + Gamma) alpha_hat^2 L / Gamma < 1
+
+    @property
+    def holds(self) -> bool | None:
+        """All conditions together (None when the constant-dependent ones were not checked but the rest hold)."""
+        known = [self.constants_positive, self.exponents, self.a2_condition, self.gamma > 0]
+        optional = [self.theta_consensus, self.theta_optimality]
+        if not all(known) or any(c is False for c in optional):
+            return False
+        return None if any(c is None for c in optional) else True
+
+
+def assumption4_check(K: int, a1: float, alpha: float, a2: float, beta: float, a3: float, sigma: float,
+                      rho_L: float, *, L: float | None = None, mu: float | None = None,
+                      n: int | None = None) -> Assumption4Report:
+    """Check Assumption 4 as printed (spec 5.3). The paper's MNIST constants fail it on every 5-node graph."""
+    _check_horizon(K)
+    lnk = math.log(K)
+    gam = gamma_constant(K, a2, beta, rho_L)
+    a_hat = a1 * lnk**2 / math.pow(K, alpha)
+    theta_c: bool | None = None
+    theta_o: bool | None = None
+    if L is not None:
+        theta_c = gam > 0 and 0.0 < 1.0 - lnk / K + 2.0 * (1.0 + gam) * a_hat**2 * L**2 / gam < 1.0
+        if mu is not None and n is not None:
+            val = 1.0 - mu * a_hat + 2.0 * a_hat**2 * L**2 + 4.0 * n * (1.0 + gam) * a_hat**2 * L / gam if gam > 0 else 0.0
+            theta_o = gam > 0 and 0.0 < val < 1.0
+    return Assumption4Report(
+        constants_positive=a1 > 0 and a2 > 0 and a3 > 0,
+        exponents=_exponents_converge(alpha, beta, sigma),
+        a2_condition=2.0 * a2 * math.pow(K, beta) - a2**2 - math.pow(K, 2.0 * beta - 1.0) * lnk > 0,
+        gamma=gam,
+        theta_consensus=theta_c,
+        theta_optimality=theta_o,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run constants and ablations (spec 2.1, 2.5)
+
+
+@dataclass(frozen=True)
+class DPQParams:
+    """Run constants every node shares (public, spec 3): steps, batch size, noise schedule, quantizer step, seed.
+
+    Parameters
+    ----------
+    alpha_hat, beta_hat
+        Gradient and consensus steps of (6) (:func:`alpha_hat`, :func:`beta_hat`), constant within a run.
+    batch_size
+        gamma_hat (:func:`gamma_hat`); None = full local gradient.
+    q_step
+        Quantizer step Delta of eq. (3); 0 = no quantization (float messages).
+    noise
+        Privacy noise on/off; off forces sigma_k = 0 and draws nothing.
+    sigma_exp, sigma_scale, sigma_offset
+        ``sigma_k = sigma_scale (k + sigma_offset)^sigma_exp`` (offset 1 = theory, 5 = the paper's experiments).
+    seed
+        Seed of the stateless streams (module docstring).
+    self_term
+        ``"z"`` (default: a_ii multiplies the node's own quantized noisy message) or ``"x"`` (its exact state).
+    K
+        The horizon the schedule was built for (None if the steps were given directly); the run is k = 0..K.
+    float_messages
+        Dtype of unquantized messages (q_step = 0): ``"float64"`` (default) or ``"float32"`` (the float32 wire).
+    """
+
+    alpha_hat: float
+    beta_hat: float
+    batch_size: int | None
+    q_step: float
+    noise: bool
+    sigma_exp: float = 0.0
+    sigma_scale: float = 1.0
+    sigma_offset: float = 1.0
+    seed: int = 0
+    self_term: str = "z"
+    K: int | None = None
+    float_messages: str = "float64"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha_hat) and self.alpha_hat >= 0):
+            raise ValueError(f"alpha_hat must be finite and >= 0, got {self.alpha_hat}")
+        if not 0.0 <= self.beta_hat <= 1.0:
+            raise ValueError(f"beta_hat must lie in [0, 1], got {self.beta_hat}")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or self.batch_size < 1):
+            raise ValueError(f"batch_size must be None or >= 1, got {self.batch_size!r}")
+        if not (math.isfinite(self.q_step) and self.q_step >= 0):
+            raise ValueError(f"q_step must be finite and >= 0 (0 = no quantization), got {self.q_step}")
+        if not (math.isfinite(self.sigma_scale) and self.sigma_scale >= 0):
+            raise ValueError(f"sigma_scale must be finite and >= 0, got {self.sigma_scale}")
+        if not self.sigma_offset > 0:
+            raise ValueError(f"sigma_offset must be > 0, got {self.sigma_offset}")
+        if self.self_term not in ("z", "x"):
+            raise ValueError(f"self_term must be 'z' or 'x', got {self.self_term!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.K is not None and self.K < 0:
+            raise ValueError(f"K must be None or >= 0, got {self.K}")
+        if self.float_messages not in ("float64", "float32"):
+            raise ValueError(f"float_messages must be 'float64' or 'float32', got {self.float_messages!r}")
+
+    @property
+    def quantized(self) -> bool:
+        """True when messages are quantizer levels (q_step > 0)."""
+        return self.q_step > 0
+
+    def sigma(self, k: int) -> float:
+        """sigma_k of iteration k's message (0 when noise is off)."""
+        if not self.noise:
+            return 0.0
+        return sigma_k(k, self.sigma_exp, scale=self.sigma_scale, offset=self.sigma_offset)
+
+
+def schedule_params(K: int, *, a1: float, alpha: float, a2: float, beta: float, a3: float, gamma: float,
+                    q_step: float, noise: bool = True, sigma_exp: float = 0.0, sigma_offset: float = 1.0,
+                    sigma_scale: float = 1.0, seed: int = 0, self_term: str = "z") -> DPQParams:
+    """:class:`DPQParams` for horizon K from the schedule constants of spec 2.1."""
+    return DPQParams(
+        alpha_hat=alpha_hat(K, a1, alpha), beta_hat=beta_hat(K, a2, beta), batch_size=gamma_hat(K, a3, gamma),
+        q_step=q_step, noise=noise, sigma_exp=sigma_exp, sigma_scale=sigma_scale, sigma_offset=sigma_offset,
+        seed=seed, self_term=self_term, K=K,
+    )
+
+
+def params_from_schedule(schedule: accountant.DPQSchedule, *, q_step: float, noise: bool = True, seed: int = 0,
+                         self_term: str = "z", float_messages: str = "float64") -> DPQParams:
+    """:class:`DPQParams` with the steps, batch size and noise schedule of the accountant's ``schedule``."""
+    return DPQParams(
+        alpha_hat=schedule.alpha_hat, beta_hat=schedule.beta_hat, batch_size=schedule.batch_size, q_step=q_step,
+        noise=noise, sigma_exp=schedule.sigma_exp, sigma_scale=schedule.sigma_scale,
+        sigma_offset=schedule.sigma_offset, seed=seed, self_term=self_term, K=schedule.K,
+        float_messages=float_messages,
+    )
+
+
+def paper_mnist_params(q_step: float = 1.0, sigma_exp: float = 0.1, *, K: int = 2000, seed: int = 0,
+                       noise: bool = True) -> DPQParams:
+    """The paper's MNIST preset (spec 2.1, 6.1): alpha_hat ~ 0.0101, beta_hat ~ 0.0010, batch 50, offset 5."""
+    p = PAPER_MNIST
+    return schedule_params(
+        K, a1=p["a1"], alpha=p["alpha"], a2=p["a2"], beta=p["beta"], a3=p["a3"], gamma=p["gamma"], q_step=q_step,
+        noise=noise, sigma_exp=sigma_exp, sigma_offset=p["sigma_offset"], seed=seed,
+    )
+
+
+def ablation(params: DPQParams, name: str, q_step: float | None = None) -> DPQParams:
+    """The spec 2.5 variants of ``params`` (same steps, seeds, schedule).
+
+    ``"dpq"`` noise and quantization (q_step = ``q_step`` or params.q_step, which must then be > 0), ``"dp-only"``
+    noise, float messages, ``"quant-only"`` quantization without noise, ``"dsgd"`` neither: plain DSGD with the lazy
+    mixing matrix ``(1 - beta_hat) I + beta_hat A``.
+    """
+    if name not in ABLATIONS:
+        raise ValueError(f"unknown ablation {name!r}; valid: {', '.join(ABLATIONS)}")
+    step = params.q_step if q_step is None else q_step
+    quant = name in ("dpq", "quant-only")
+    if quant and step <= 0:
+        raise ValueError(f"ablation {name!r} quantizes: give q_step > 0")
+    return replace(params, noise=name in ("dpq", "dp-only"), q_step=step if quant else 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stateless streams (spec 7.6)
+
+
+def _rng(seed: int, stream: int, node: int, k: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed), stream, int(node), int(k)])
+
+
+def privacy_noise(params: DPQParams, node: int, k: int, dim: int) -> FloatArray | None:
+    """``n_{i,k} = sigma_k * N(0, I_d)`` from ``default_rng([seed, 50, node, k])``; None when noise is off."""
+    if not params.noise:
+        return None
+    return params.sigma(k) * _rng(params.seed, STREAM_DPQ_NOISE, node, k).standard_normal(dim)
+
+
+def minibatch_indices(params: DPQParams, node: int, k: int, num_samples: int | None) -> IntArray | None:
+    """B_{i,k}: ``batch_size`` distinct indices of 0..D-1 from ``default_rng([seed, 52, node, k])``.
+
+    None (full gradient) for ``batch_size=None`` or a deterministic objective (``num_samples=None``); all D indices
+    when ``batch_size >= D``.
+    """
+    if params.batch_size is None or num_samples is None:
+        return None
+    if params.batch_size >= num_samples:
+        return np.arange(num_samples, dtype=np.int64)
+    rng = _rng(params.seed, STREAM_DPQ_BATCH, node, k)
+    return rng.choice(num_samples, size=params.batch_size, replace=False).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Local objectives
+
+
+class LocalObjective(Protocol):
+    """Node i's f_i: ``gradient(x, idx)`` is the mean per-sample gradient over samples ``idx`` (None = f_i's full
+    gradient); ``num_samples`` is D, or None for a deterministic objective."""
+
+    @property
+    def num_samples(self) -> int | None:
+        """D (samples held), or None when there is nothing to sample."""
+        ...
+
+    def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
+        """Gradient (5) at x on the samples idx (None = full)."""
+        ...
+
+
+@dataclass(frozen=True)
+class QuadraticObjective:
+    """``f_i(x) = 1/2 ||x - b||^2`` (spec 10 A1), deterministic; Hessian I, linear term b."""
+
+    b: FloatArray
+
+    @property
+    def num_samples(self) -> int | None:
+        """None: the gradient is exact."""
+        return None
+
+    def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
+        """``x - b``."""
+        return np.asarray(x - self.b, dtype=np.float64)
+
+    def value(self, x: FloatArray) -> float:
+        """``1/2 ||x - b||^2``."""
+        return 0.5 * float(np.sum((x - self.b) ** 2))
+
+    def hessian(self) -> FloatArray:
+        """I_d."""
+        return np.eye(self.b.shape[0])
+
+    def linear_term(self) -> FloatArray:
+        """b (f = 1/2 x'Hx - c'x + const with c = b)."""
+        return np.asarray(self.b, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class LeastSquaresObjective:
+    """``f_i(x) = (1/D) sum_l 1/2 (a_l'x - t_l)^2`` over the node's D rows, with per-sample gradients
+    ``a_l (a_l'x - t_l)`` averaged over a minibatch (5)."""
+
+    features: FloatArray
+    targets: FloatArray
+
+    @property
+    def num_samples(self) -> int | None:
+        """D."""
+        return int(self.features.shape[0])
+
+    def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
+        """Mean of ``a_l (a_l'x - t_l)`` over l in idx (all rows if None)."""
+        a = self.features if idx is None else self.features[idx]
+        t = self.targets if idx is None else self.targets[idx]
+        return np.asarray(a.T @ (a @ x - t) / a.shape[0], dtype=np.float64)
+
+    def per_sample_gradients(self, x: FloatArray, idx: IntArray) -> FloatArray:
+        """Rows ``a_l (a_l'x - t_l)`` for l in idx (shape (len(idx), d))."""
+        a = self.features[idx]
+        return np.asarray(a * (a @ x - self.targets[idx])[:, None], dtype=np.float64)
+
+    def value(self, x: FloatArray) -> float:
+        """f_i(x)."""
+        r = self.features @ x - self.targets
+        return 0.5 * float(r @ r) / float(self.features.shape[0])
+
+    def hessian(self) -> FloatArray:
+        """``A'A / D``."""
+        return np.asarray(self.features.T @ self.features / self.features.shape[0], dtype=np.float64)
+
+    def linear_term(self) -> FloatArray:
+        """``A't / D``."""
+        return np.asarray(self.features.T @ self.targets / self.features.shape[0], dtype=np.float64)
+
+
+class _Quadratic(Protocol):
+    def hessian(self) -> FloatArray: ...
+
+    def linear_term(self) -> FloatArray: ...
+
+
+def quadratic_toy(num_nodes: int = 5, dim: int = 3, seed: int = 0, *, identical: bool = False) -> list[QuadraticObjective]:
+    """Spec 10 A1: ``f_i = 1/2 ||x - b_i||^2`` with ``b_i ~ N(0, I_dim)`` from ``default_rng([seed, 53, 1])``
+    (``identical=True``: every node gets b_0)."""
+    rng = np.random.default_rng([seed, STREAM_DPQ_INIT, 1])
+    b = rng.standard_normal((num_nodes, dim))
+    if identical:
+        b[:] = b[0]
+    return [QuadraticObjective(b[i].copy()) for i in range(num_nodes)]
+
+
+def quadratic_fixed_point(objectives: Sequence[_Quadratic], A: ArrayLike, alpha_hat: float,
+                          beta_hat: float) -> FloatArray:
+    """The fixed point of (6) without noise, quantization or sampling, for quadratic f_i (shape (n, d)).
+
+    ``x = (1 - beta_hat) x + beta_hat A x - alpha_hat (H_i x_i - c_i)`` gives
+    ``(alpha_hat blockdiag(H_i) + beta_hat (I - A) (x) I_d) x = alpha_hat c``; for ``H_i = I`` this is spec 10 A1's
+    ``x* = alpha_hat (alpha_hat I + beta_hat L)^-1 b``.
+    """
+    w = np.asarray(A, dtype=np.float64)
+    n = w.shape[0]
+    h = [o.hessian() for o in objectives]
+    d = h[0].shape[0]
+    mat = beta_hat * np.kron(np.eye(n) - w, np.eye(d))
+    for i in range(n):
+        mat[i * d:(i + 1) * d, i * d:(i + 1) * d] += alpha_hat * h[i]
+    rhs = alpha_hat * np.concatenate([o.linear_term() for o in objectives])
+    return np.asarray(np.linalg.solve(mat, rhs).reshape(n, d), dtype=np.float64)
+
+
+def quadratic_optimum(objectives: Sequence[_Quadratic]) -> FloatArray:
+    """x* of ``F = (1/n) sum_i f_i`` for quadratic f_i: ``(sum H_i)^-1 sum c_i``."""
+    h = sum(o.hessian() for o in objectives)
+    c = sum(o.linear_term() for o in objectives)
+    return np.asarray(np.linalg.solve(h, c), dtype=np.float64)
+
+
+class TorchObjective:
+    """Mean cross-entropy of a :class:`fedapp.models.torch_net.TorchNet` on one node's samples.
+
+    Several nodes may share one ``net`` (the module is loaded with x before every gradient). The net must have no
+    floating-point buffers (no BatchNorm), so that x is exactly the trainable parameters. ``last_loss`` is the loss
+    of the last minibatch (outside the DP guarantee, spec 7.4).
+    """
+
+    def __init__(self, net: TorchNet, data: ArrayDataset, *, binarize: bool = False) -> None:
+        if net.dim != net.num_trainable:
+            raise ValueError(f"model {net.name!r} has floating-point buffers; DPQ-DSGD needs a buffer-free model")
+        self.net = net
+        self.data = data
+        self.binarize = binarize
+        self.last_loss = float("nan")
+
+    @property
+    def num_samples(self) -> int | None:
+        """D."""
+        return len(self.data)
+
+    def features(self, idx: IntArray | None = None) -> FloatArray:
+        """Features of samples idx ([0, 1] grey levels, or thresholded at 0.5 with ``binarize``)."""
+        x = self.data.x if idx is None else self.data.x[idx]
+        return (x > 0.5).astype(np.float64) if self.binarize else x
+
+    def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
+        """Flat gradient of the batch-mean cross-entropy at float32(x), as float64."""
+        self.net.set_flat(x)
+        labels = self.data.y if idx is None else self.data.y[idx]
+        g, loss = self.net.batch_gradient(self.features(idx), labels)
+        self.last_loss = loss
+        return np.asarray(g.detach().double().numpy(), dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Algorithm 1, per node (spec 2.3, 7.2)
+
+
+def node_message(params: DPQParams, node: int, k: int, x: FloatArray) -> Message:
+    """Line 2 of iteration k: ``m_{i,k}`` with ``q_step m = Q(x_{i,k} + n_{i,k})``, ``n ~ N(0, sigma_k^2 I)``.
+
+    Returns int64 levels (q_step > 0) or the vector ``x + n`` (q_step = 0; float64, or float32 per
+    ``params.float_messages``). Noise from
+    ``default_rng([seed, 50, node, k])``, quantizer uniforms from ``[seed, 51, node, k]``.
+    """
+    state = np.asarray(x, dtype=np.float64)
+    noise = privacy_noise(params, node, k, state.shape[0])
+    v = state.copy() if noise is None else state + noise
+    if not params.quantized:
+        return v.astype(np.float32) if params.float_messages == "float32" else v
+    # eq. (3): the one call of the quantizer (fedapp.compression.quantize)
+    return quantize_levels(v, params.q_step, _rng(params.seed, STREAM_DPQ_QUANT, node, k))
+
+
+def decode_message(params: DPQParams, msg: Message) -> FloatArray:
+    """z from a received message: ``q_step * m`` (levels) or the float vector itself (q_step = 0)."""
+    if params.quantized:
+        if not np.issubdtype(np.asarray(msg).dtype, np.integer):
+            raise ValueError(f"q_step > 0 expects integer levels, got dtype {np.asarray(msg).dtype}")
+        return dequantize(msg, params.q_step)
+    return np.asarray(msg, dtype=np.float64)
+
+
+def local_gradient(params: DPQParams, node: int, k: int, x: FloatArray, objective: LocalObjective) -> FloatArray:
+    """g_{i,k} of (5): the mean per-sample gradient at the un-noised x over B_{i,k} (:func:`minibatch_indices`)."""
+    idx = minibatch_indices(params, node, k, objective.num_samples)
+    return objective.gradient(x, idx)
+
+
+def node_update(params: DPQParams, node: int, k: int, x: FloatArray, own_msg: Message, self_weight: float,
+                nbr_weights: Sequence[float], nbr_msgs: Sequence[Message], objective: LocalObjective) -> FloatArray:
+    """Lines 4-5 of iteration k at node i: ``x_{i,k+1} = (1 - beta_hat) x + beta_hat sum_j a_ij z_j - alpha_hat g``.
+
+    Parameters
+    ----------
+    x
+        x_{i,k} (float64).
+    own_msg
+        The node's own message of iteration k (levels), used for the ``a_ii`` term (``self_term="z"``).
+    self_weight, nbr_weights, nbr_msgs
+        ``a_ii``; ``a_ij`` and the received messages of iteration k for the neighbours j != i, in a fixed order
+        (ascending j in the simulators). Mixed as ``a_ii z_i`` then ``+ a_ij z_j`` in that order.
+    objective
+        f_i, for g_{i,k} (5) over the minibatch of ``default_rng([seed, 52, node, k])``.
+    """
+    if len(nbr_weights) != len(nbr_msgs):
+        raise ValueError(f"{len(nbr_weights)} neighbour weights but {len(nbr_msgs)} messages")
+    state = np.asarray(x, dtype=np.float64)
+    own = state if params.self_term == "x" else decode_message(params, own_msg)
+    mix = float(self_weight) * own
+    for w, m in zip(nbr_weights, nbr_msgs, strict=True):
+        mix = mix + float(w) * decode_message(params, m)
+    g = local_gradient(params, node, k, state, objective)
+    return _step(params, state, mix, g)
+
+
+def _step(params: DPQParams, x: FloatArray, mix: FloatArray, g: FloatArray) -> FloatArray:
+    # eq. (6); the one expression both engines evaluate element-wise
+    return np.asarray((1.0 - params.beta_hat) * x + params.beta_hat * mix - params.alpha_hat * g, dtype=np.float64)
+
+
+def node_round(params: DPQParams, node: int, k: int, x: FloatArray, own_msg: Message, self_weight: float,
+               nbr_weights: Sequence[float], nbr_msgs: Sequence[Message], objective: LocalObjective, *,
+               send_next: bool = True) -> tuple[FloatArray, Message | None]:
+    """STEP(k) of spec 7.2: :func:`node_update` to x_{i,k+1}, then iteration k + 1's message
+    (:func:`node_message` with sigma_{k+1}); ``send_next=False`` skips the message (after the last iteration)."""
+    x_next = node_update(params, node, k, x, own_msg, self_weight, nbr_weights, nbr_msgs, objective)
+    return x_next, (node_message(params, node, k + 1, x_next) if send_next else None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# All nodes in one process (spec 2.4, 7.6)
+
+
+@dataclass
+class DPQTrace:
+    """What :func:`simulate` returns.
+
+    ``x``: final states x_T (n, d); ``states``: x_0..x_T if kept; ``consensus_error[k] = ||Y_k||^2 = sum_i ||x_{i,k} -
+    x-bar_k||^2`` (k = 0..T); ``quant_error_sq[k] = ||e_k||^2`` and ``noise_sq[k] = ||n_k||^2`` summed over nodes (k =
+    0..T-1; vectorised engine only); ``last_messages``: the messages of iteration T-1.
+    """
+
+    x: FloatArray
+    consensus_error: FloatArray
+    states: list[FloatArray] | None = None
+    quant_error_sq: FloatArray | None = None
+    noise_sq: FloatArray | None = None
+    last_messages: list[Message] = field(default_factory=list)
+
+
+def _consensus_error(x: FloatArray) -> float:
+    return float(np.sum((x - x.mean(axis=0)) ** 2))
+
+
+def simulate(params: DPQParams, A: ArrayLike, objectives: Sequence[LocalObjective], x0: ArrayLike,
+             num_iters: int | None = None, *, engine: str = "vectorised", form: str = "mixing",
+             keep_states: bool = False) -> DPQTrace:
+    """Run Algorithm 1 on every node for ``num_iters`` iterations (default K + 1: k = 0..K).
+
+    Parameters
+    ----------
+    A
+        Symmetric doubly stochastic mixing matrix (validated by :func:`fedapp.topology.validate_mixing`).
+    objectives
+        f_i per node.
+    x0
+        Common x_0 (shape (d,)) or one per node (n, d).
+    engine
+        ``"vectorised"``: messages per node (the per-node RNG streams), then eq. (6) for all nodes at once;
+        ``"per_node"``: a loop over :func:`node_round` with a mailbox, what a Flower run computes.
+    form
+        Vectorised update: ``"mixing"`` ``(1 - beta_hat) X + beta_hat A Z - alpha_hat G`` with the per-node
+        summation order (bit-identical to ``"per_node"``), or ``"compact"``: eqs. (31)-(32) as printed,
+        ``((I - beta_hat L) (x) I) x - alpha_hat g + beta_hat (A (x) I)(e + n)`` with matrix products.
+    keep_states
+        Keep x_0..x_T in ``states``.
+    """
+    w = np.asarray(A, dtype=np.float64)
+    topology.validate_mixing(w)
+    n = w.shape[0]
+    if len(objectives) != n:
+        raise ValueError(f"{len(objectives)} objectives for {n} nodes")
+    start = np.asarray(x0, dtype=np.float64)
+    x = np.tile(start, (n, 1)) if start.ndim == 1 else start.copy()
+    if x.ndim != 2 or x.shape[0] != n:
+        raise ValueError(f"x0 must have shape (d,) or ({n}, d), got {start.shape}")
+    if num_iters is None:
+        if params.K is None:
+            raise ValueError("num_iters is required when params.K is None")
+        num_iters = params.K + 1
+    if engine not in ("vectorised", "per_node"):
+        raise ValueError(f"engine must be 'vectorised' or 'per_node', got {engine!r}")
+    if form not in ("mixing", "compact"):
+        raise ValueError(f"form must be 'mixing' or 'compact', got {form!r}")
+    nbrs = [[j for j in range(n) if j != i and w[i, j] > 0] for i in range(n)]
+    if engine == "per_node":
+        return _simulate_per_node(params, w, nbrs, objectives, x, num_iters, keep_states)
+
+    states = [x.copy()] if keep_states else None
+    consensus = [_consensus_error(x)]
+    q_err: list[float] = []
+    n_sq: list[float] = []
+    msgs: list[Message] = []
+    # slot t of node i: its t-th neighbour (ascending); nodes with fewer neighbours are masked out of slot t
+    slots = max((len(nb) for nb in nbrs), default=0)
+    slot_mask = [np.array([len(nbrs[i]) > t for i in range(n)]) for t in range(slots)]
+    slot_src = [np.array([nbrs[i][t] for i in range(n) if len(nbrs[i]) > t], dtype=np.int64) for t in range(slots)]
+    slot_w = [np.array([w[i, nbrs[i][t]] for i in range(n) if len(nbrs[i]) > t])[:, None] for t in range(slots)]
+    diag = np.diag(w).copy()[:, None]
+    lap_lazy = np.eye(n) - params.beta_hat * (np.eye(n) - w)
+    w_msg = w if params.self_term == "z" else w - np.diag(np.diag(w))
+    for k in range(num_iters):
+        rows = [x[i].copy() for i in range(n)]  # fresh arrays, as a node holds them
+        msgs = [node_message(params, i, k, rows[i]) for i in range(n)]
+        z = np.stack([decode_message(params, m) for m in msgs])
+        noise = np.zeros_like(x)
+        for i in range(n):  # the same draws node_message made (for the diagnostics and the compact form)
+            ni = privacy_noise(params, i, k, x.shape[1])
+            if ni is not None:
+                noise[i] = ni
+        q_err.append(float(np.sum((z - (x + noise)) ** 2)))
+        n_sq.append(float(np.sum(noise**2)))
+        g = np.stack([local_gradient(params, i, k, rows[i], objectives[i]) for i in range(n)])
+        if form == "mixing":
+            mix = diag * (x if params.self_term == "x" else z)
+            for t in range(slots):
+                mask = slot_mask[t]
+                mix[mask] = mix[mask] + slot_w[t] * z[slot_src[t]]
+            x = _step(params, x, mix, g)
+        else:
+            # (31)-(32): ((I - beta L) (x) I) x - alpha g + beta (A (x) I)(e + n), e = z - x - n. With
+            # self_term="x" only the off-diagonal of A acts on e + n (a_ii multiplies x_i itself).
+            e = z - x - noise
+            x = lap_lazy @ x - params.alpha_hat * g + params.beta_hat * (w_msg @ (e + noise))
+        if states is not None:
+            states.append(x.copy())
+        consensus.append(_consensus_error(x))
+    return DPQTrace(x=x, consensus_error=np.array(consensus), states=states, quant_error_sq=np.array(q_err),
+                    noise_sq=np.array(n_sq), last_messages=msgs)
+
+
+def _simulate_per_node(params: DPQParams, w: FloatArray, nbrs: list[list[int]], objectives: Sequence[LocalObjective],
+                       x: FloatArray, num_iters: int, keep_states: bool) -> DPQTrace:
+    n = w.shape[0]
+    xs = [x[i].copy() for i in range(n)]
+    states = [x.copy()] if keep_states else None
+    consensus = [_consensus_error(x)]
+    mailbox: list[Message] = [node_message(params, i, 0, xs[i]) for i in range(n)]  # INIT round (spec 7.2)
+    last = list(mailbox)
+    for k in range(num_iters):
+        new_x: list[FloatArray] = []
+        new_msgs: list[Message] = []
+        for i in range(n):
+            xi, mi = node_round(params, i, k, xs[i], mailbox[i], float(w[i, i]), [float(w[i, j]) for j in nbrs[i]],
+                                [mailbox[j] for j in nbrs[i]], objectives[i], send_next=k + 1 < num_iters)
+            new_x.append(xi)
+            if mi is not None:
+                new_msgs.append(mi)
+        last = mailbox
+        xs = new_x
+        mailbox = new_msgs
+        stacked = np.stack(xs)
+        if states is not None:
+            states.append(stacked.copy())
+        consensus.append(_consensus_error(stacked))
+    return DPQTrace(x=np.stack(xs), consensus_error=np.array(consensus), states=states, last_messages=last)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# MNIST setup (spec 6.3)
+
+
+@dataclass
+class MnistSetup:
+    """The spec 6.3 network: mixing matrix ``A``, ``graph``, per-node :class:`TorchObjective` (IID shards), the
+    common x_0, the 10k test set, and the shared :class:`fedapp.models.torch_net.TorchNet`."""
+
+    A: FloatArray
+    graph: topology.Graph
+    objectives: list[TorchObjective]
+    x0: FloatArray
+    test: ArrayDataset
+    net: TorchNet
+
+
+def mnist_setup(num_nodes: int = 5, *, graph: str = "ring", seed: int = 0, partition_seed: int | None = None,
+                model: str = "lenet5-valid", source: str = "offline", samples_per_node: int | None = None,
+                binarize: bool = False) -> MnistSetup:
+    """Spec 6.3: MNIST split IID (seeded shuffle, equal shards: 12,000 each for 5 nodes) by
+    ``load_partition('mnist', 'iid', i, num_nodes, partition_seed)``, Metropolis weights on ``graph`` (a
+    :func:`fedapp.topology.parse_graph` spec; ring: 1/3 everywhere, rho_L = 0.4607 for 5 nodes), the unpadded LeNet-5
+    (d = 44,426) with torch's default init seeded from ``default_rng([seed, 53])``, shared by all nodes.
+
+    ``samples_per_node`` keeps only the first that many samples of each shard (for tests); ``partition_seed``
+    defaults to ``seed``.
+    """
+    from fedapp.data import load_dataset, load_partition
+    from fedapp.models.torch_net import TorchNet
+
+    g = topology.parse_graph(graph, num_nodes, seed)
+    w = topology.metropolis_weights(g)
+    topology.validate_mixing(w, g)
+    _, test, info = load_dataset("mnist", source)
+    net = TorchNet(model, info.num_classes, info.num_features)
+    x0 = net.init(np.random.default_rng([seed, STREAM_DPQ_INIT]))
+    pseed = seed if partition_seed is None else partition_seed
+    objectives = []
+    for i in range(num_nodes):
+        shard = load_partition("mnist", "iid", i, num_nodes, pseed, source)
+        if samples_per_node is not None:
+            shard = shard.subset(np.arange(min(samples_per_node, len(shard))))
+        objectives.append(TorchObjective(net, shard, binarize=binarize))
+    return MnistSetup(A=w, graph=g, objectives=objectives, x0=x0, test=test, net=net)
+
+
+def node_accuracies(setup: MnistSetup, x: ArrayLike, *, test_limit: int | None = None) -> dict[str, FloatArray]:
+    """Spec 6.3 / 9.17: each node's own x_i on its shard (``train``) and on the test set (``test``, the first
+    ``test_limit`` samples if given); arrays of length n (report mean, min, max)."""
+    xs = np.asarray(x, dtype=np.float64)
+    test = setup.test if test_limit is None else setup.test.subset(np.arange(min(test_limit, len(setup.test))))
+    train_acc, test_acc = [], []
+    for i, obj in enumerate(setup.objectives):
+        train_acc.append(setup.net.accuracy(xs[i], obj.features(), obj.data.y))
+        feats = (test.x > 0.5).astype(np.float64) if obj.binarize else test.x
+        test_acc.append(setup.net.accuracy(xs[i], feats, test.y))
+    return {"train": np.array(train_acc), "test": np.array(test_acc)}
