@@ -113,6 +113,14 @@ class FedREPClient(FedClient):
             return
         self.node_context.state[name] = ArrayRecord([np.ascontiguousarray(value)])
 
+    def _pending(self, server_round: int) -> tuple[dict[str, Any], FloatArray]:
+        """The state record and the update g saved by this round's phase 1 (an error if there is none)."""
+        st = self._state()
+        g = self._load("g", np.float64)
+        if g is None or int(st.get("pending-round", -1)) != server_round:
+            raise ValueError(f"client {self.partition_id}: no pending update for round {server_round} (phase 1 missing)")
+        return st, g
+
     def _permutation(self, epoch: int) -> NDArray[np.int64]:
         rng = rng_for(self.cfg.seed, STREAM_CLIENT, self.partition_id, STREAM_ORDER, epoch)
         return rng.permutation(len(self.data)).astype(np.int64)
@@ -183,10 +191,7 @@ class FedREPClient(FedClient):
     def fit(self, parameters: list[Any], config: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:
         """Phase 2 (C5-C6): upload g[I^t] (masked inside the buffer), keep u = g with I^t zeroed."""
         cfg, t = self.cfg, int(config["server-round"])
-        st = self._state()
-        g = self._load("g", np.float64)
-        if g is None or int(st.get("pending-round", -1)) != t:
-            raise ValueError(f"client {self.partition_id}: no pending update for round {t} (phase 1 missing)")
+        st, g = self._pending(t)
         idx = np.asarray(parameters[0], dtype=np.int64) if len(parameters[0]) else np.arange(self.net.dim)
         if idx.size and (idx.min() < 0 or idx.max() >= self.net.dim or np.any(np.diff(idx) <= 0)):
             raise ValueError("consensus set must be ascending unique indices in [0, d)")
@@ -268,10 +273,7 @@ class SparseSecAggClient(FedREPClient):
         from fedapp.sparse_secagg import sparse_masked_upload
 
         cfg, t = self.cfg, int(config["server-round"])
-        st = self._state()
-        g = self._load("g", np.float64)
-        if g is None or int(st.get("pending-round", -1)) != t:
-            raise ValueError(f"client {self.partition_id}: no pending update for round {t} (phase 1 missing)")
+        st, g = self._pending(t)
         if self.byzantine and cfg.attack == "bit-flip":
             g = attacks.bit_flip(g)
         peers = dict(zip((int(p) for p in config["peer-ids"]), (bytes(b) for b in config["peer-keys"]), strict=True))

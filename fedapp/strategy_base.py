@@ -242,6 +242,14 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """Digest the replies of :meth:`pre_train_contents` (a subclass that sends any must override this)."""
         raise NotImplementedError(f"{type(self).__name__} sent pre-train messages but does not consume them")
 
+    def to_all(self, message_type: str, content: RecordDict) -> list[tuple[int, str, RecordDict]]:
+        """The same content to every partition, e.g. a registration exchange (downlink counted per message)."""
+        out = []
+        for pid in range(self.cfg.num_clients):
+            self.count_down(content)
+            out.append((self.node_of[pid], message_type, content))
+        return out
+
     def count_up(self, content: RecordDict) -> None:
         """Add a reply's serialized size to the round's uplink bytes."""
         self._acc["up"] += recorddict_nbytes(content)

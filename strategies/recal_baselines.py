@@ -142,12 +142,7 @@ class _TableVBaseline(FederatedStrategy):
     def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
         if server_round != 1:
             return []
-        content = train_content([self.x0], {"server-round": 0})
-        out = []
-        for pid in range(self.cfg.num_clients):
-            self.count_down(content)
-            out.append((self.node_of[pid], REGISTER, content))
-        return out
+        return self.to_all(REGISTER, train_content([self.x0], {"server-round": 0}))
 
     def consume_pre_train(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> None:
         """Collect L_i; L_max; the step, Delta and xi_plan (:meth:`on_register`); calibrate sigma_1."""
