@@ -96,9 +96,12 @@ def cmd_figure(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from simulations.benchmark import fedrep_wire, iadmm_throughput
+    from simulations.benchmark import fedrep_wire, iadmm_throughput, recal_throughput
     from simulations.benchmark import main as bench_main
 
+    if args.suite == "recal":
+        recal_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
+        return 0
     if args.suite == "fedrep":
         fedrep_wire(Path(args.out), rounds=args.rounds, connection=args.connection)
         return 0
@@ -134,9 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="wall time per round: ours vs Flower FedAvg, in-process vs Flower")
     b.add_argument("--out", default="outputs/bench")
     b.add_argument("--rounds", type=int, default=10)
-    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep"), default="fedpdm",
+    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal"), default="fedpdm",
                    help="fedpdm: the seed-000 benchmark; iadmm: DP-IADMM rounds/s on MNIST, in-process vs Flower; "
-                        "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s")
+                        "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
+                        "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.set_defaults(func=cmd_bench)
     sub.add_parser("list", help="registered algorithms and run-config keys").set_defaults(func=cmd_list)
