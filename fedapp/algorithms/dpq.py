@@ -65,7 +65,7 @@ Interpretations (spec 9 and ours)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +84,8 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 #: what node i sends: int64 quantizer levels m (z = q_step * m), or the float64 x + n when q_step = 0
 Message = NDArray[Any]
+#: ``callback(k, x_{k+1}, messages_k)`` of :func:`simulate`
+IterationCallback = Callable[[int, FloatArray, list[Message]], None]
 
 __all__ = [
     "ABLATIONS",
@@ -95,6 +97,7 @@ __all__ = [
     "Assumption4Report",
     "DPQParams",
     "DPQTrace",
+    "IterationCallback",
     "LeastSquaresObjective",
     "LocalObjective",
     "MnistSetup",
@@ -680,7 +683,7 @@ def _consensus_error(x: FloatArray) -> float:
 
 def simulate(params: DPQParams, A: ArrayLike, objectives: Sequence[LocalObjective], x0: ArrayLike,
              num_iters: int | None = None, *, engine: str = "vectorised", form: str = "mixing",
-             keep_states: bool = False) -> DPQTrace:
+             keep_states: bool = False, callback: IterationCallback | None = None) -> DPQTrace:
     """Run Algorithm 1 on every node for ``num_iters`` iterations (default K + 1: k = 0..K).
 
     Parameters
@@ -700,6 +703,10 @@ def simulate(params: DPQParams, A: ArrayLike, objectives: Sequence[LocalObjectiv
         ``((I - beta_hat L) (x) I) x - alpha_hat g + beta_hat (A (x) I)(e + n)`` with matrix products.
     keep_states
         Keep x_0..x_T in ``states``.
+    callback
+        Called after every iteration k as ``callback(k, x_{k+1}, messages_k)`` (x of shape (n, d), read-only; the
+        messages of iteration k in node order), e.g. for intermediate evaluation or bit counts without keeping every
+        state. It must not modify its arguments.
     """
     w = np.asarray(A, dtype=np.float64)
     topology.validate_mixing(w)
@@ -720,7 +727,7 @@ def simulate(params: DPQParams, A: ArrayLike, objectives: Sequence[LocalObjectiv
         raise ValueError(f"form must be 'mixing' or 'compact', got {form!r}")
     nbrs = [[j for j in range(n) if j != i and w[i, j] > 0] for i in range(n)]
     if engine == "per_node":
-        return _simulate_per_node(params, w, nbrs, objectives, x, num_iters, keep_states)
+        return _simulate_per_node(params, w, nbrs, objectives, x, num_iters, keep_states, callback)
 
     states = [x.copy()] if keep_states else None
     consensus = [_consensus_error(x)]
@@ -761,12 +768,15 @@ def simulate(params: DPQParams, A: ArrayLike, objectives: Sequence[LocalObjectiv
         if states is not None:
             states.append(x.copy())
         consensus.append(_consensus_error(x))
+        if callback is not None:
+            callback(k, x, msgs)
     return DPQTrace(x=x, consensus_error=np.array(consensus), states=states, quant_error_sq=np.array(q_err),
                     noise_sq=np.array(n_sq), last_messages=msgs)
 
 
 def _simulate_per_node(params: DPQParams, w: FloatArray, nbrs: list[list[int]], objectives: Sequence[LocalObjective],
-                       x: FloatArray, num_iters: int, keep_states: bool) -> DPQTrace:
+                       x: FloatArray, num_iters: int, keep_states: bool,
+                       callback: IterationCallback | None = None) -> DPQTrace:
     n = w.shape[0]
     xs = [x[i].copy() for i in range(n)]
     states = [x.copy()] if keep_states else None
@@ -789,6 +799,8 @@ def _simulate_per_node(params: DPQParams, w: FloatArray, nbrs: list[list[int]], 
         if states is not None:
             states.append(stacked.copy())
         consensus.append(_consensus_error(stacked))
+        if callback is not None:
+            callback(k, stacked, last)
     return DPQTrace(x=np.stack(xs), consensus_error=np.array(consensus), states=states, last_messages=last)
 
 
