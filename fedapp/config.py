@@ -14,7 +14,7 @@ from typing import Any
 
 Scalar = int | float | bool | str
 # kept literal (not imported from fedapp.data) so that parsing a config never imports the data stack
-MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "lenet5", "cnn", "resnet20")
+MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "lenet5", "lenet5-valid", "cnn", "resnet20")
 DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10", "covtype", "synthetic", "synthetic-10class", "synthetic-binary")
 
 
@@ -157,6 +157,25 @@ class RunConfig:
     rw_beta_scale: float = field(default=2.0, metadata=_key("rw-beta-scale", _positive, "ADMM penalty beta = scale * L_max"))
     rw_activation_prob: float = field(default=0.5, metadata=_key("rw-activation-prob", _ratio, "P: one paper iteration "
                                                                  "= P n token hops (Table V comm. count only)"))
+    # ---- DPQ-DSGD (seed 004, spec shared/specs/dp_quantized.md); defaults are the paper's MNIST settings (spec 2.1, 6.1)
+    dpq_variant: str = field(default="dpq", metadata=_key("dpq-variant", _choice("dpq", "dp-only", "quant-only", "dsgd"),
+                                                          "spec 2.5 ablation: noise and/or quantization"))
+    dpq_q_step: float = field(default=1.0, metadata=_key("dpq-q-step", _positive, "quantizer step Delta of eq. (3)"))
+    dpq_sigma_exp: float = field(default=0.1, metadata=_key("dpq-sigma-exp", None, "sigma: noise std (k + offset)^sigma"))
+    dpq_sigma_offset: float = field(default=5.0, metadata=_key("dpq-sigma-offset", _positive, "5 = paper, 1 = theory"))
+    dpq_sigma_scale: float = field(default=1.0, metadata=_key("dpq-sigma-scale", _positive, "noise std multiplier"))
+    dpq_a1: float = field(default=0.35, metadata=_key("dpq-a1", _positive, "alpha_hat = a1 (ln K)^2 / K^alpha"))
+    dpq_alpha: float = field(default=1.0, metadata=_key("dpq-alpha", _positive, "exponent of alpha_hat"))
+    dpq_a2: float = field(default=0.3, metadata=_key("dpq-a2", _positive, "beta_hat = a2 / K^beta (< 1)"))
+    dpq_beta: float = field(default=0.75, metadata=_key("dpq-beta", _positive, "exponent of beta_hat"))
+    dpq_a3: float = field(default=0.24, metadata=_key("dpq-a3", _positive, "batch gamma_hat = floor(a3 K^gamma) + 1"))
+    dpq_gamma: float = field(default=0.7, metadata=_key("dpq-gamma", _nonneg, "exponent of the batch size"))
+    dpq_delta_exp: float = field(default=3.0, metadata=_key("dpq-delta-exp", _positive, "delta_k = (k + 1)^-delta"))
+    dpq_c: float = field(default=0.2, metadata=_key("dpq-c", _positive, "C of Definition 1 (accountant only)"))
+    dpq_horizon: int = field(default=0, metadata=_key("dpq-horizon", _nonneg, "K; 0 = num-server-rounds - 2"))
+    dpq_eval_limit: int = field(default=0, metadata=_key("dpq-eval-limit", _nonneg, "evaluation samples; 0 = all"))
+    dpq_eval_average: bool = field(default=False, metadata=_key("dpq-eval-average", None, "upload x_i in evaluation "
+                                                                "rounds for the node-average model (not private)"))
 
     @property
     def horizon(self) -> int:
@@ -275,6 +294,19 @@ _RANGES = {
     "recal-samples": ">= 0",
     "rw-beta-scale": "> 0",
     "rw-activation-prob": "in (0, 1]",
+    "dpq-q-step": "> 0",
+    "dpq-sigma-offset": "> 0",
+    "dpq-sigma-scale": "> 0",
+    "dpq-a1": "> 0",
+    "dpq-alpha": "> 0",
+    "dpq-a2": "> 0",
+    "dpq-beta": "> 0",
+    "dpq-a3": "> 0",
+    "dpq-gamma": ">= 0",
+    "dpq-delta-exp": "> 0",
+    "dpq-c": "> 0",
+    "dpq-horizon": ">= 0",
+    "dpq-eval-limit": ">= 0",
     "conspar-fraction": "> 0",
     "conspar-alpha": "in [0, 1]",
     "buffer-size": ">= 1",

@@ -97,6 +97,16 @@ RW_ADMM_KEYS = (
 )
 SYNC_BASELINE_CHECKS = "fedapp.algorithms.recal_baselines:validate_sync_config"
 RW_ADMM_CHECKS = "fedapp.algorithms.recal_baselines:validate_rw_admm_config"
+# Seed 004 (spec shared/specs/dp_quantized.md): DPQ-DSGD, every node every round, the server routes the quantized
+# noisy messages (strategies/dpq.py)
+DPQ_KEYS = (
+    "graph", "dpq-variant", "dpq-q-step", "dpq-sigma-exp", "dpq-sigma-offset", "dpq-sigma-scale", "dpq-a1", "dpq-alpha",
+    "dpq-a2", "dpq-beta", "dpq-a3", "dpq-gamma", "dpq-delta-exp", "dpq-c", "dpq-horizon", "dpq-eval-limit",
+    "dpq-eval-average",
+)
+DPQ_CHECKS = "fedapp.algorithms.dpq_config:validate_config"
+SEED004 = ("Chen, Wang, Zhang, Differentially Private Distributed Nonconvex Stochastic Optimization with Quantized "
+           "Communications, arXiv 2403.18254 (first version)")
 PG_EXTRA_PAPER = "Shi, Ling, Wu, Yin, A Proximal Gradient Algorithm for Decentralized Composite Optimization, IEEE TSP 2015"
 NIDS_PAPER = "Li, Shi, Yan, A Decentralized Proximal-Gradient Method With Network Independent Step-Sizes and Separated Convergence Rates, IEEE TSP 2019"
 RW_ADMM_PAPER = "Shah & Avrachenkov, asynchronous ADMM with Markov-chain node selection, arXiv 1810.05067 (Walkman-style stand-in)"
@@ -221,6 +231,12 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "strategies.recal_baselines:DPRWAdmm", "clients.recal_baselines:RWAdmmClient", RW_ADMM_KEYS,
         "DP-RW-ADMM baseline of DP-RECAL: a Walkman-style ADMM token relayed along the random walk, one hop per round",
         RW_ADMM_PAPER, RW_ADMM_CHECKS, False,
+    ),
+    "dpq-dsgd": AlgorithmSpec(
+        "strategies.dpq:DPQDSGD", "clients.dpq:DPQClient", DPQ_KEYS,
+        "DPQ-DSGD (Alg. 1): every node noises and quantizes its state, the server forwards the bit-packed levels to "
+        "the graph neighbours, (5)-(6) on the nodes; dpq-variant = dpq | dp-only | quant-only | dsgd", SEED004,
+        DPQ_CHECKS, False,
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(
