@@ -14,6 +14,27 @@ from fedapp.results import build_results, write_results
 from fedapp.strategy_base import FederatedStrategy
 from fedapp.task import Evaluator
 
+#: what each privacy figure in a results.json summary is (only the keys a run reports are echoed)
+ACCOUNTANT_DOCS = {
+    "eps_eq36": "seed 000: paper eq. (36) (moments-accountant bound, constant c0), worst client",
+    "eps_rdp": "Renyi-DP composition of the per-round Gaussian mechanisms (Opacus RDP analysis), no subsampling "
+               "amplification, worst client",
+    "eps_basic": "basic composition: sum of per-round epsilons (delta_basic = releases * delta), worst client",
+    "eps_advanced": "advanced composition (Dwork-Roth Thm 3.20), worst client",
+    "eps_theorem3_realised": "seed 001: Theorem 3 (per-activation zCDP, Prop. 4 conversion) at the realised LCI; "
+                             "covers the u~ messages only (the x message leaks y_i, spec 8 A1)",
+    "dpq_eps": "seed 004: the paper's accountant, sum of eps_k over the releases (Theorem 1 as computed exactly), "
+               "worst node; dpq_delta_hat is vacuous (>= 1) for the paper's delta_0 = 1",
+}
+
+
+def accountant_docs(privacy: dict[str, float]) -> dict[str, str]:
+    """The descriptions of the accountants present in a run's privacy summary (per-agent keys share one entry)."""
+    out = {k: ACCOUNTANT_DOCS[k] for k in privacy if k in ACCOUNTANT_DOCS}
+    if any(k.startswith("eps_agent") for k in privacy):
+        out["eps_agent<i>"] = "seed 001: agent i's own zCDP budget over its activations, Prop. 4 conversion"
+    return out
+
 
 def build_strategy(cfg: RunConfig, *, evaluate: bool = True) -> FederatedStrategy:
     """The configured algorithm's Strategy with central evaluation on the test set."""
@@ -38,11 +59,7 @@ def finish(cfg: RunConfig, strategy: FederatedStrategy, engine: str, *, wall_s: 
         "rejected_replies": strategy.rejected_total,
         "wall_s": wall_s,
         "privacy": strategy.privacy_summary(),
-        "privacy_accountants": {
-            "eps_eq36": "paper eq. (36) (moments-accountant bound, constant c0), worst client",
-            "eps_rdp": "Renyi-DP composition of the per-round Gaussian mechanisms (Opacus RDP analysis), no subsampling amplification, worst client",
-            "eps_basic": "basic composition: sum of per-round epsilons, delta_basic = participations * delta, worst client",
-        },
+        "privacy_accountants": accountant_docs(strategy.privacy_summary()),
     }
     out = Path(out_dir or cfg.out_dir or default_out_dir(cfg)).resolve()
     config = {**ALGORITHMS[cfg.algorithm].used_config(cfg), "out-dir": str(out)}
