@@ -11,6 +11,11 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export RAY_DEDUP_LOGS := 0
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
+# One BLAS / torch thread per process, as Ray gives every simulation actor: multi-threaded reductions sum in
+# another order, and the tests compare the Flower simulation with the in-process driver bit for bit.
+export OMP_NUM_THREADS ?= 1
+export OPENBLAS_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup run test lint bench clean
