@@ -57,10 +57,14 @@ class LeNet5(nn.Module):
         Input channels (default 1, grey images).
     """
 
+    #: zero-padding of the first convolution (2 keeps 28x28, as LeNet-5's 32x32 input did; 0 in LeNet5Valid)
+    padding = 2
+
     def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
         super().__init__()
+        side = ((28 + 2 * self.padding - 4) // 2 - 4) // 2  # 5 with padding 2, 4 without
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 6, 5, padding=2),  # padding keeps 28x28, as LeNet-5's 32x32 input did
+            nn.Conv2d(in_channels, 6, 5, padding=self.padding),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(6, 16, 5),
@@ -69,7 +73,7 @@ class LeNet5(nn.Module):
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(16 * 5 * 5, 120),
+            nn.Linear(16 * side * side, 120),
             nn.ReLU(),
             nn.Linear(120, 84),
             nn.ReLU(),
@@ -83,7 +87,7 @@ class LeNet5(nn.Module):
         return self.classifier(self.features(x))  # type: ignore[no-any-return]
 
 
-class LeNet5Valid(nn.Module):
+class LeNet5Valid(LeNet5):
     """LeNet-5 without padding and without BatchNorm: the DPQ-DSGD MNIST model (dp_quantized.md 6.3).
 
     Conv(1->6,5) - ReLU - pool - Conv(6->16,5) - ReLU - pool - FC(256->120) - ReLU - FC(120->84) - ReLU -
@@ -99,27 +103,4 @@ class LeNet5Valid(nn.Module):
         Input channels (default 1, grey images).
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 6, 5),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(16 * 4 * 4, 120),
-            nn.ReLU(),
-            nn.Linear(120, 84),
-            nn.ReLU(),
-            nn.Linear(84, num_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for a batch shaped (B, C, 28, 28), or (B, 784[+1]) flat features (a bias column is dropped)."""
-        if x.dim() == 2:
-            x = x[:, : 28 * 28].reshape(-1, 1, 28, 28)
-        return self.classifier(self.features(x))  # type: ignore[no-any-return]
+    padding = 0
