@@ -92,12 +92,7 @@ class AgentClient(FedClient):
     """
 
     def __init__(self, context: Context, cfg: RunConfig) -> None:  # no FedClient data / model: the agent's own
-        self.node_context = context
-        self.cfg = cfg
-        self.partition_id = int(context.node_config["partition-id"])
-        self.num_partitions = int(context.node_config["num-partitions"])
-        if self.num_partitions != cfg.num_clients:
-            raise ValueError(f"node has num-partitions={self.num_partitions}, run config num-clients={cfg.num_clients}")
+        self.bind_node(context, cfg, check_partitions=True)
         self.graph, self.weights = graph_and_weights(cfg)
 
     @property

@@ -86,10 +86,7 @@ class FedREPClient(FedClient):
     error_feedback = True
 
     def __init__(self, context: Context, cfg: RunConfig) -> None:  # no linear model: a torch network instead
-        self.node_context = context
-        self.cfg = cfg
-        self.partition_id = int(context.node_config["partition-id"])
-        self.num_partitions = int(context.node_config["num-partitions"])
+        self.bind_node(context, cfg)
         self.data = cached_partition(cfg, self.partition_id, self.num_partitions)
         self.net = build_net(cfg)
         self.byzantine = self.partition_id in set(attacks.byzantine_ids(cfg.num_clients, cfg.byzantine_clients, cfg.seed))

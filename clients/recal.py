@@ -75,12 +75,7 @@ class RecalClient(FedClient):
     """
 
     def __init__(self, context: Context, cfg: RunConfig) -> None:  # no linear model: the agent's least squares
-        self.node_context = context
-        self.cfg = cfg
-        self.partition_id = int(context.node_config["partition-id"])
-        self.num_partitions = int(context.node_config["num-partitions"])
-        if self.num_partitions != cfg.num_clients:
-            raise ValueError(f"node has num-partitions={self.num_partitions}, run config num-clients={cfg.num_clients}")
+        self.bind_node(context, cfg, check_partitions=True)
         self.problem = recal_problem(cfg)
         self.local = self.problem.agents[self.partition_id]
         self.alpha = alpha_for(self.local.lipschitz, cfg.alpha_scale)

@@ -49,12 +49,19 @@ class FedClient(NumPyClient):
     sparse_uplink = False
 
     def __init__(self, context: Context, cfg: RunConfig) -> None:
+        self.bind_node(context, cfg)
+        self.data = client_dataset(cfg, self.partition_id, self.num_partitions)
+        self.model = build_model(cfg)
+
+    def bind_node(self, context: Context, cfg: RunConfig, *, check_partitions: bool = False) -> None:
+        """Who this node is (partition-id / num-partitions of its node_config) and the run config; with
+        ``check_partitions``, num-partitions must equal num-clients (the graph algorithms index agents by it)."""
         self.node_context = context
         self.cfg = cfg
         self.partition_id = int(context.node_config["partition-id"])
         self.num_partitions = int(context.node_config["num-partitions"])
-        self.data = client_dataset(cfg, self.partition_id, self.num_partitions)
-        self.model = build_model(cfg)
+        if check_partitions and self.num_partitions != cfg.num_clients:
+            raise ValueError(f"node has num-partitions={self.num_partitions}, run config num-clients={cfg.num_clients}")
 
     # ---------------------------------------------------------------- persistent state
     def load_vector(self, name: str) -> FloatArray | None:

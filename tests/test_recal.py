@@ -36,33 +36,11 @@ from fedapp.algorithms.recal import (
     solve_elastic_net,
     split_agents,
 )
+from fedapp.algorithms.recal import synthetic_problem as synthetic
 from fedapp.data.sources import ArrayDataset, DatasetInfo
 
 N = 8
 RING = [[(i - 1) % N, (i + 1) % N] for i in range(N)]
-
-
-def synthetic(
-    n: int = N,
-    q: int = 20,
-    sizes: list[int] | None = None,
-    seed: int = 0,
-    nu1: float = 0.05,
-    nu2: float = 0.1,
-    outputs: int | None = None,
-) -> ElasticNetProblem:
-    """Heterogeneous Gaussian least squares with a half-sparse truth, so x* has zeros and non-zeros."""
-    rng = np.random.default_rng(seed)
-    sizes = sizes or [60] * n
-    shape = (q,) if outputs is None else (q, outputs)
-    truth = np.zeros(shape)
-    truth[: q // 2] = 2.0 * rng.standard_normal((q // 2, *shape[1:]))
-    feats, targets = [], []
-    for m in sizes:
-        b_mat = rng.normal(rng.uniform(-0.5, 0.5), 1.0, (m, q))
-        feats.append(b_mat)
-        targets.append(b_mat @ truth + 0.5 * rng.standard_normal((m, *shape[1:])))
-    return ElasticNetProblem.from_arrays(feats, targets, nu1, nu2)
 
 
 @pytest.fixture(scope="module")

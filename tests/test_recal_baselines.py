@@ -16,6 +16,7 @@ import pytest
 
 from fedapp import topology
 from fedapp.algorithms.recal import ElasticNetProblem, FloatArray, solve_elastic_net
+from fedapp.algorithms.recal import synthetic_problem as synthetic
 from fedapp.algorithms.recal_baselines import (
     ALGORITHMS,
     STREAM_NIDS,
@@ -56,29 +57,6 @@ from fedapp.privacy import zcdp
 RING8 = topology.ring(8)
 Simulator = Callable[..., BaselineResult]
 SYNC: dict[str, Simulator] = {"pg-extra": simulate_pg_extra, "nids": simulate_nids}
-
-
-def synthetic(
-    n: int = 8,
-    q: int = 20,
-    sizes: list[int] | None = None,
-    seed: int = 0,
-    nu1: float = 0.05,
-    nu2: float = 0.1,
-    outputs: int | None = None,
-) -> ElasticNetProblem:
-    """Heterogeneous Gaussian least squares with a half-sparse truth (x* has zeros and non-zeros)."""
-    rng = np.random.default_rng(seed)
-    sizes = sizes or [60] * n
-    shape = (q,) if outputs is None else (q, outputs)
-    truth = np.zeros(shape)
-    truth[: q // 2] = 2.0 * rng.standard_normal((q // 2, *shape[1:]))
-    feats, targets = [], []
-    for m in sizes:
-        b_mat = rng.normal(rng.uniform(-0.5, 0.5), 1.0, (m, q))
-        feats.append(b_mat)
-        targets.append(b_mat @ truth + 0.5 * rng.standard_normal((m, *shape[1:])))
-    return ElasticNetProblem.from_arrays(feats, targets, nu1, nu2)
 
 
 @pytest.fixture(scope="module")

@@ -111,8 +111,8 @@ def server_step(w: NDArray[np.float32], indices: NDArray[np.int64], update: Floa
     return out
 
 
-def validate_config(cfg: Any) -> None:
-    """FedREP's own run-config rules (raise ConfigError naming the key), checked before any round."""
+def _check_torch_setup(cfg: Any) -> None:
+    """Rules every FedREP-setup algorithm shares: a torch network, fewer Byzantine clients than clients."""
     from fedapp.config import ConfigError
     from fedapp.models.torch_net import TORCH_MODELS
 
@@ -122,6 +122,13 @@ def validate_config(cfg: Any) -> None:
     if cfg.byzantine_clients >= cfg.num_clients:
         raise ConfigError(f"run config key 'byzantine-clients' ({cfg.byzantine_clients}) must be below "
                           f"'num-clients' ({cfg.num_clients})")
+
+
+def validate_config(cfg: Any) -> None:
+    """FedREP's own run-config rules (raise ConfigError naming the key), checked before any round."""
+    from fedapp.config import ConfigError
+
+    _check_torch_setup(cfg)
     if cfg.conspar_fraction > cfg.num_clients:
         raise ConfigError(f"run config key 'conspar-fraction' ({cfg.conspar_fraction}) exceeds 'num-clients' "
                           f"({cfg.num_clients}): K = m d (every client proposes all d coordinates) is the largest")
@@ -147,14 +154,8 @@ def validate_flower_robust(cfg: Any) -> None:
     coordinate attack (there is no proposal phase to attack). Every client trains every round; buffers, masking
     and ConSpar do not exist here, so ALIE / FoE are always possible (the server sees each model in the clear)."""
     from fedapp.config import ConfigError
-    from fedapp.models.torch_net import TORCH_MODELS
 
-    if cfg.model not in TORCH_MODELS:
-        raise ConfigError(f"run config key 'model' is {cfg.model!r}; {cfg.algorithm} trains a torch network: "
-                          f"one of {', '.join(TORCH_MODELS)}")
-    if cfg.byzantine_clients >= cfg.num_clients:
-        raise ConfigError(f"run config key 'byzantine-clients' ({cfg.byzantine_clients}) must be below "
-                          f"'num-clients' ({cfg.num_clients})")
+    _check_torch_setup(cfg)
     if cfg.coord_attack != "none":
         raise ConfigError(f"run config key 'coord-attack' is {cfg.coord_attack!r}, but {cfg.algorithm} has no "
                           "coordinate proposals to attack: use coord-attack=none")

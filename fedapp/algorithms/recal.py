@@ -909,6 +909,31 @@ def simulate_dprecal(
 
 
 # --------------------------------------------------------------------------------------------- data (5.2)
+def synthetic_problem(
+    n: int = 8,
+    q: int = 20,
+    sizes: Sequence[int] | None = None,
+    seed: int = 0,
+    nu1: float = 0.05,
+    nu2: float = 0.1,
+    outputs: int | None = None,
+) -> ElasticNetProblem:
+    """A small heterogeneous Gaussian least-squares problem with a half-sparse truth, so x* has zeros and non-zeros
+    (n agents of ``sizes`` rows, default 60 each; ``outputs`` columns of targets, or one vector): for tests and quick
+    checks without data."""
+    rng = np.random.default_rng(seed)
+    sizes = list(sizes or [60] * n)
+    shape = (q,) if outputs is None else (q, outputs)
+    truth = np.zeros(shape)
+    truth[: q // 2] = 2.0 * rng.standard_normal((q // 2, *shape[1:]))
+    feats, targets = [], []
+    for m in sizes:
+        b_mat = rng.normal(rng.uniform(-0.5, 0.5), 1.0, (m, q))
+        feats.append(b_mat)
+        targets.append(b_mat @ truth + 0.5 * rng.standard_normal((m, *shape[1:])))
+    return ElasticNetProblem.from_arrays(feats, targets, nu1, nu2)
+
+
 def minmax_scale(features: ArrayLike) -> FloatArray:
     """Per-feature min-max to [0, 1]; constant columns become 0 (spec 5.2 [interp])."""
     xa = _as_float(features)

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from fedapp.privacy.gaussian import _require_non_negative, _require_positive  # one home for these input checks
+
 __all__ = [
     "ActivationLedger",
     "CalibrationOverflowError",
@@ -94,16 +96,6 @@ class CalibrationOverflowError(ValueError, OverflowError):
 
 
 # --- input checks ---------------------------------------------------------------------------------------------------
-
-
-def _require_positive(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _require_non_negative(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def _require_int(name: str, value: int, minimum: int) -> None:
