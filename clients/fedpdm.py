@@ -1,7 +1,11 @@
 """DP-FedPDM / BSDP-FedPDM client (Li et al., arXiv 2310.19558, Alg. 1 lines 4-12 and Alg. 2 lines 1-6).
 
-State in `context.state`: the dual lambda_i (float64, zero-initialised, spec A9) and the privacy ledger. x_i is not
-persisted: every round restarts from the received global model (spec A15).
+State in ``context.state``: the dual lambda_i (float64, zero-initialised, spec A9) and the privacy ledger. x_i is
+not persisted: every round restarts from the received global model (spec A15). Works on the flat parameters of
+any model: a torch ``nn.Module`` with a loss, or a numpy model with ``grad`` / ``loss`` (the paper's eq. (41)
+non-convex logistic regression is one).
+
+Message config (besides :mod:`clients.broadcast`'s): ``rho`` (> 0) and ``nu`` (>= 0) of (8a)-(10).
 """
 
 from __future__ import annotations
@@ -11,57 +15,78 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedapp.algorithms.fedpdm import local_update, step_size
-from fedapp.client_base import FedClient
-from fedapp.compression.codec import decode_vector
-from fedapp.compression.payload import FORMAT_KEY, from_arrays
+from clients.base import MessageConfig
+from clients.broadcast import BroadcastClient, Fit
+from fedapp.algorithms.fedpdm import local_update
 from fedapp.privacy.gaussian import fedpdm_sensitivity
 
 DUAL = "fedpdm.dual"
 
+__all__ = ["BSDPFedPDMClient", "FedPDMClient"]
 
-class FedPDMClient(FedClient):
-    """One round of (8a)-(8d), then sparsify (18), add Gaussian noise (11)/(19) and upload.
 
-    `sparse_uplink` False is DP-FedPDM (dense y on the wire); True is BSDP-FedPDM (k = alpha_U d values + indices).
+class FedPDMClient(BroadcastClient):
+    """One round of (8a)-(8d), then sparsify (18), add Gaussian noise (11)/(19) and upload y_i.
+
+    Parameters
+    ----------
+    model
+        The user's model: a torch ``nn.Module`` (with ``loss_fn``) or a numpy model object with ``dim``,
+        ``grad(x, inputs, targets)`` and ``loss(x, inputs, targets)``. Models with BatchNorm are refused (their
+        running statistics sit outside (8a) and the privacy analysis); use GroupNorm.
+    data
+        The local data D_i: ``(x, y)`` arrays or a torch ``Dataset`` / ``DataLoader`` (mini-batches are drawn by
+        the algorithm: consecutive slices of one permutation per round, Thm. 2's sampling).
+    loss_fn
+        The torch model's loss (default cross-entropy); f_i is its mean over a mini-batch.
+    context
+        The node's Flower Context (bound per message by :meth:`client_app`).
+    seed
+        The device's seed for batch order and noise (None: OS entropy).
+    max_epsilon
+        The device's privacy floor (see :class:`clients.broadcast.BroadcastClient`).
+
+    Examples
+    --------
+    >>> def client_fn(context):
+    ...     return FedPDMClient(Net(), train_loader, loss_fn=nn.CrossEntropyLoss(), max_epsilon=10.0)
+    >>> app = FedPDMClient.client_app(client_fn)
     """
 
-    def fit(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:
-        cfg, d = self.cfg, self.model.dim
-        server_round = int(config["server-round"])
+    def fit(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> Fit:
+        """Alg. 1 lines 4-12 (Alg. 2 lines 1-6 with a sparse downlink / uplink)."""
+        cfg = MessageConfig(config)
+        server_round = cfg.integer("server-round", lo=1)
         # Downlink: dense x_0^t, or the top_k' sparse model xhat_0^t zero-padded (Alg. 2 lines 1-2); the client uses
         # what it received everywhere, in (8a), (10) and (8c) (spec A12).
-        x0 = decode_vector(from_arrays(parameters, config.get(FORMAT_KEY, 0)), d).to_dense()
+        x0 = self.receive(parameters, cfg)
+        rho = cfg.number("rho", lo=0.0, lo_open=True)
+        eta, clip, b = self.eta(cfg), self.clip(cfg), self.batch_size(cfg)
         dual = self.load_vector(DUAL)
-        if dual is None:
-            dual = np.zeros(d)
-        eta = step_size(cfg.eta0, server_round - 1)  # t is the paper's 0-based round index
+        if dual is None or dual.shape != x0.shape:
+            dual = np.zeros(self.model.dim)
         res = local_update(
-            x0, dual, self.data.x, self.data.y, self.model, eta=eta, rho=cfg.rho, nu=cfg.nu,
-            batch_size=cfg.batch_size, max_steps=cfg.max_local_steps, clip=cfg.clip_norm if cfg.dp else None,
-            rng=self.rng(server_round),
+            x0, dual, self.require_data(), self.model, eta=eta, rho=rho, nu=cfg.number("nu", lo=0.0),
+            batch_size=b, max_steps=cfg.integer("max-steps", lo=1), clip=clip, rng=self.rng(server_round),
         )
+        if not (np.all(np.isfinite(res.y)) and np.all(np.isfinite(res.dual))):
+            raise ValueError(f"the local update diverged (non-finite y) at eta={eta}, rho={rho}: nothing is sent")
         self.save_vector(DUAL, res.dual)
-        idx = self.uplink_indices(res.y, server_round)  # (18)
-        values, metrics = self.release(
-            res.y[idx], server_round, sensitivity=fedpdm_sensitivity(eta, cfg.rho, res.steps, cfg.clip_norm),
-            steps=res.steps,
-        )
+        idx = self.uplink_indices(res.y, cfg, server_round)  # (18)
+        sens = fedpdm_sensitivity(eta, rho, res.steps, clip) if clip is not None else 0.0
+        values, metrics = self.release(res.y[idx], server_round, cfg, sensitivity=sens, steps=res.steps, batch_size=b)
         metrics.update({
             "Q": res.steps,
             "stopped_by_nu": int(res.stopped_by_nu),
             "final_dir_sqnorm": res.final_dir_sqnorm,
             "k_up": len(idx),
             "uplink_bits_paper": 32 * len(idx),
-            "train_loss": self.model.loss(res.x, self.data.x, self.data.y),
+            "train_loss": self.data_loss(res.x),
             "primal_residual": float(np.linalg.norm(res.x - x0)),
             "dual_norm": float(np.linalg.norm(res.dual)),
         })
-        arrays, metrics[FORMAT_KEY] = self.encode(idx, values)
-        return arrays, len(self.data), metrics
+        return self.finish(self.encode(idx, values), metrics)
 
 
 class BSDPFedPDMClient(FedPDMClient):
-    """BSDP-FedPDM: top_k / rand_k uplink sparsification before the noise (Alg. 2)."""
-
-    sparse_uplink = True
+    """BSDP-FedPDM's client: the same code (the message says which uplink sparsifier to apply, Alg. 2)."""

@@ -10,7 +10,7 @@ uplink carries Delta y_i = y_i - x and Delta c_i on one index set.
   the correction c - c_i is the same on neighbouring datasets). Delta c_i = -c - Delta y_i / (Q eta) is computed
   from the NOISY Delta y_i, so it and the client's new c_i are post-processing of the release: no extra privacy
   cost, and next round's correction does not depend on the data beyond what was released.
-* [OURS] Sparse variant: Delta y_i is top_k / rand_k sparsified (k = alpha-up d), Delta c_i is sent on the same
+* [OURS] Sparse variant: Delta y_i is top_k / rand_k sparsified (the message's k), Delta c_i is sent on the same
   indices and c_i changes only there, which keeps the server's c = (1/N) sum_i c_i. The downlink sends x and c on
   the indices of top_k'(x) (k' = alpha-down d), zero-padded at the client.
 """
@@ -22,13 +22,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from clients.fedavg import Fit, LocalSGDClient
+from clients.base import DIM_KEY, MessageConfig
+from clients.broadcast import Fit
+from clients.fedavg import LocalSGDClient
 from fedapp.algorithms.local_sgd import scaffold_control_delta
 from fedapp.compression.codec import SparseVector
 from fedapp.compression.paired import pair_from_arrays, pair_to_arrays
-from fedapp.compression.payload import DENSE, FORMAT_KEY
+from fedapp.compression.payload import FORMAT_KEY
 
 CONTROL = "scaffold.control"
+
+__all__ = ["ScaffoldClient"]
 
 
 class ScaffoldClient(LocalSGDClient):
@@ -36,28 +40,25 @@ class ScaffoldClient(LocalSGDClient):
 
     def fit(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> Fit:
         d = self.model.dim
-        server_round = int(config["server-round"])
-        xv, cv = pair_from_arrays(parameters, config.get(FORMAT_KEY, DENSE), d)
+        cfg = MessageConfig(config)
+        server_round = cfg.integer("server-round", lo=1)
+        if DIM_KEY in cfg:
+            self.check_model(cfg)
+        xv, cv = pair_from_arrays(parameters, cfg.integer(FORMAT_KEY), d)
         x0, c = xv.to_dense(), cv.to_dense()
         ci = self.load_vector(CONTROL)
-        if ci is None:
+        if ci is None or ci.shape != (d,):
             ci = np.zeros(d)
-        res, eta = self.local_steps(x0, server_round, correction=c - ci)
+        res, eta, b = self.local_steps(x0, server_round, cfg, correction=c - ci)
         dy = res.x - x0
-        idx = self.uplink_indices(dy, server_round)
-        dy_up, metrics = self.release_local(dy[idx], server_round, eta=eta, steps=res.steps, contraction=0.0)
+        idx = self.uplink_indices(dy, cfg, server_round)
+        dy_up, metrics = self.release_local(dy[idx], server_round, cfg, eta=eta, steps=res.steps, contraction=0.0,
+                                            batch_size=b)
         dc_up = scaffold_control_delta(c[idx], dy_up, res.steps, eta)  # from the released Delta y: post-processing
         ci[idx] += dc_up
         self.save_vector(CONTROL, ci)
         metrics.update(self.round_metrics(res, len(idx)))
         metrics["control_norm"] = float(np.linalg.norm(ci))
-        arrays, metrics[FORMAT_KEY] = pair_to_arrays(
-            SparseVector(indices=idx, values=dy_up, dim=d), dc_up, sparse=self.sparse_uplink
-        )
-        return arrays, len(self.data), metrics
-
-
-class SparseScaffoldClient(ScaffoldClient):
-    """SCAFFOLD with top_k / rand_k sparsified Delta y_i and Delta c_i on the same indices (Fig. 8, [OURS])."""
-
-    sparse_uplink = True
+        sparse = cfg.choice("uplink", ("dense", "topk", "randk"), "dense") != "dense"
+        arrays, metrics[FORMAT_KEY] = pair_to_arrays(SparseVector(indices=idx, values=dy_up, dim=d), dc_up, sparse=sparse)
+        return arrays, self.num_examples, metrics

@@ -16,7 +16,6 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedapp.client_base import FedClient
 from fedapp.config import RunConfig, parse_run_config
 from fedapp.registry import ALGORITHMS
 from fedapp.wire import reply_content
@@ -29,10 +28,25 @@ def _parse(items: tuple[tuple[str, object], ...]) -> RunConfig:
     return parse_run_config(dict(items))
 
 
-def make_client(context: Context) -> FedClient:
+#: clients of the public layer, one per (run, node, run config) and process: data and model load once
+_CLIENTS: dict[tuple[int, int, tuple[tuple[str, object], ...]], Any] = {}
+
+
+def make_client(context: Context) -> Any:
     """The algorithm's NumPyClient for this node, built from the run config and the node's context."""
-    cfg = _parse(tuple(sorted(context.run_config.items())))
-    return ALGORITHMS[cfg.algorithm].client_cls()(context, cfg)
+    items = tuple(sorted(context.run_config.items()))
+    cfg = _parse(items)
+    spec = ALGORITHMS[cfg.algorithm]
+    if not spec.public:
+        return spec.make_client(cfg, context)
+    key = (int(context.run_id), int(context.node_id), items)
+    client = _CLIENTS.get(key)
+    if client is None:
+        if len(_CLIENTS) >= 256:
+            _CLIENTS.clear()
+        client = _CLIENTS[key] = spec.make_client(cfg, context)
+    client.bind(context)
+    return client
 
 
 def handle(message_type: str, content: RecordDict, context: Context) -> RecordDict:
@@ -42,6 +56,8 @@ def handle(message_type: str, content: RecordDict, context: Context) -> RecordDi
         info: dict[str, Any] = {"partition-id": int(nc["partition-id"]), "num-partitions": int(nc["num-partitions"])}
         return RecordDict({"info": ConfigRecord(info)})
     client = make_client(context)
+    if hasattr(client, "handle"):  # a client of the public layer answers the whole message itself
+        return client.handle(message_type, content)  # type: ignore[no-any-return]
     config: dict[str, Any] = dict(content.config_records["config"]) if "config" in content.config_records else {}
     params = content.array_records["arrays"].to_numpy_ndarrays()
     if message_type == "train":
@@ -59,9 +75,9 @@ def handle(message_type: str, content: RecordDict, context: Context) -> RecordDi
     raise ValueError(f"unsupported message type {message_type!r}")
 
 
-def cfg_name(client: FedClient) -> str:
+def cfg_name(client: Any) -> str:
     """The algorithm key a client was built for (for error messages)."""
-    return client.cfg.algorithm
+    return str(client.cfg.algorithm)
 
 
 @app.train()

@@ -33,7 +33,13 @@ OUTP_KEYS = (*IADMM_KEYS, "outp-delta", "outp-noise-std", "outp-order", "outp-gr
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """How to build one algorithm: dotted paths (imported lazily) and the run-config keys it reads."""
+    """How to build one algorithm: dotted paths (imported lazily) and the run-config keys it reads.
+
+    When ``public`` (the algorithms already on the keyword-constructed public layer) ``strategy`` is a builder
+    ``(cfg) -> strategy`` and ``client`` a builder ``(cfg, context) -> client`` of :mod:`fedapp.builders`, and
+    ``initial`` builds the initial ArrayRecord; otherwise they are the classes ``(cfg, evaluator)`` /
+    ``(context, cfg)`` of the older layer.
+    """
 
     strategy: str
     client: str
@@ -44,6 +50,12 @@ class AlgorithmSpec:
     checks: str = ""
     #: False for algorithms whose privacy keys are their own (the DP_KEYS of seed 000 are not echoed)
     uses_dp_keys: bool = True
+    initial: str = "fedapp.builders:numpy_initial_model"
+
+    @property
+    def public(self) -> bool:
+        """True once the algorithm is built through :mod:`fedapp.builders` (the public constructors)."""
+        return self.strategy.startswith("fedapp.builders:")
 
     def validate(self, cfg: RunConfig) -> None:
         """Apply the algorithm's own run-config rules (raise ConfigError naming the key)."""
@@ -55,6 +67,25 @@ class AlgorithmSpec:
 
     def client_cls(self) -> type[FedClient]:
         return _load(self.client)  # type: ignore[no-any-return]
+
+    def make_strategy(self, cfg: RunConfig, *, evaluate: bool = True) -> Any:
+        """The run's strategy, holding its initial model and (with ``evaluate``) the central evaluation."""
+        if not self.public:
+            from fedapp.task import Evaluator
+
+            return _load(self.strategy)(cfg, Evaluator(cfg) if evaluate else None)
+        from fedapp.builders import evaluate_fn
+
+        strategy = _load(self.strategy)(cfg)
+        strategy.initialize(_load(self.initial)(cfg))
+        strategy.prepare(cfg.num_server_rounds, evaluate_fn=evaluate_fn(cfg) if evaluate else None)
+        return strategy
+
+    def make_client(self, cfg: RunConfig, context: Any) -> Any:
+        """This node's client for the run."""
+        if self.public:
+            return _load(self.client)(cfg, context)
+        return _load(self.client)(context, cfg)
 
     def used_config(self, cfg: RunConfig) -> dict[str, Any]:
         """The hyperparameters this algorithm actually reads (echoed under "config" in results.json)."""
@@ -127,47 +158,47 @@ FEDDYN_PAPER = "Acar et al., Federated Learning Based on Dynamic Regularization,
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "dp-fedpdm": AlgorithmSpec(
-        "strategies.fedpdm:DPFedPDM", "clients.fedpdm:FedPDMClient", FEDPDM_KEYS,
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", FEDPDM_KEYS,
         "DP federated primal-dual method (Alg. 1): duals on clients, Gaussian noise, l1 prox at the server", SEED000,
     ),
     "bsdp-fedpdm": AlgorithmSpec(
-        "strategies.fedpdm:BSDPFedPDM", "clients.fedpdm:BSDPFedPDMClient", FEDPDM_KEYS + SPARSE_KEYS,
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", FEDPDM_KEYS + SPARSE_KEYS,
         "DP-FedPDM with bidirectional top-k / rand-k sparsification (Alg. 2)", SEED000,
     ),
     # Baselines of seed 000 (Figs. 7-8); DP, l1 and sparsification treatment are ours (spec 6.4, A22).
     "fedavg": AlgorithmSpec(
-        "strategies.fedavg:FedAvg", "clients.fedavg:FedAvgClient", ("gamma",),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma",),
         "FedAvg / DP-FedAvg baseline: Q local SGD steps on f_i + gamma*||x||_1 (subgradient), unweighted model mean",
         FEDAVG_PAPER,
     ),
     "fedavg-sparse": AlgorithmSpec(
-        "strategies.fedavg:SparseFedAvg", "clients.fedavg:SparseFedAvgClient", ("gamma", *SPARSE_KEYS),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", *SPARSE_KEYS),
         "FedAvg with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDAVG_PAPER,
     ),
     "fedprox": AlgorithmSpec(
-        "strategies.fedavg:FedProx", "clients.fedavg:FedAvgClient", ("gamma", "mu"),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "mu"),
         "FedProx baseline: FedAvg with the local proximal term (mu/2)||x - x_0||^2", FEDPROX_PAPER,
     ),
     "fedprox-sparse": AlgorithmSpec(
-        "strategies.fedavg:SparseFedProx", "clients.fedavg:SparseFedAvgClient", ("gamma", "mu", *SPARSE_KEYS),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "mu", *SPARSE_KEYS),
         "FedProx with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDPROX_PAPER,
     ),
     "scaffold": AlgorithmSpec(
-        "strategies.scaffold:Scaffold", "clients.scaffold:ScaffoldClient", ("gamma",),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma",),
         "SCAFFOLD baseline (option II, global step 1): control variates c_i on clients, c on the server",
         SCAFFOLD_PAPER,
     ),
     "scaffold-sparse": AlgorithmSpec(
-        "strategies.scaffold:SparseScaffold", "clients.scaffold:SparseScaffoldClient", ("gamma", *SPARSE_KEYS),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", *SPARSE_KEYS),
         "SCAFFOLD with sparse (Delta y, Delta c) uplink on shared indices and top-k (x, c) downlink (Fig. 8 baseline)",
         SCAFFOLD_PAPER,
     ),
     "feddyn": AlgorithmSpec(
-        "strategies.feddyn:FedDyn", "clients.feddyn:FedDynClient", ("gamma", "feddyn-alpha"),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "feddyn-alpha"),
         "FedDyn baseline: client linear term grad L_i, server state h, theta = mean - h/alpha", FEDDYN_PAPER,
     ),
     "feddyn-sparse": AlgorithmSpec(
-        "strategies.feddyn:SparseFedDyn", "clients.feddyn:SparseFedDynClient", ("gamma", "feddyn-alpha", *SPARSE_KEYS),
+        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "feddyn-alpha", *SPARSE_KEYS),
         "FedDyn with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDDYN_PAPER,
     ),
     # Seed 002 (spec shared/specs/dp_iadmm.md): all agents every round, duals replicated on server and agents.
@@ -240,11 +271,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(
-        "strategies.flower_builtin:FlwrFedAvg", "clients.fedavg:FedAvgClient", ("gamma",),
+        "fedapp.builders:flower_builtin_strategy", "fedapp.builders:broadcast_client", ("gamma",),
         "Flower's built-in FedAvg (num-examples weighted mean, Flower's sampling) with our FedAvg client", FEDAVG_PAPER,
     ),
     "flwr-fedprox": AlgorithmSpec(
-        "strategies.flower_builtin:FlwrFedProx", "clients.fedavg:FedAvgClient", ("gamma", "mu"),
+        "fedapp.builders:flower_builtin_strategy", "fedapp.builders:broadcast_client", ("gamma", "mu"),
         "Flower's built-in FedProx (proximal-mu = mu) with our FedAvg client", FEDPROX_PAPER,
     ),
     # Flower's own robust strategies on the FedREP setup (torch net, Eq. (180) clients), Flower engines only.

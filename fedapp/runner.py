@@ -11,8 +11,6 @@ import numpy as np
 from fedapp.config import RunConfig
 from fedapp.registry import ALGORITHMS
 from fedapp.results import build_results, write_results
-from fedapp.strategy_base import FederatedStrategy
-from fedapp.task import Evaluator
 
 #: what each privacy figure in a results.json summary is (only the keys a run reports are echoed)
 ACCOUNTANT_DOCS = {
@@ -36,10 +34,9 @@ def accountant_docs(privacy: dict[str, float]) -> dict[str, str]:
     return out
 
 
-def build_strategy(cfg: RunConfig, *, evaluate: bool = True) -> FederatedStrategy:
-    """The configured algorithm's Strategy with central evaluation on the test set."""
-    spec = ALGORITHMS[cfg.algorithm]
-    return spec.strategy_cls()(cfg, Evaluator(cfg) if evaluate else None)
+def build_strategy(cfg: RunConfig, *, evaluate: bool = True) -> Any:
+    """The configured algorithm's Strategy, holding its initial model and central evaluation on the test set."""
+    return ALGORITHMS[cfg.algorithm].make_strategy(cfg, evaluate=evaluate)
 
 
 def default_out_dir(cfg: RunConfig) -> Path:
@@ -47,7 +44,7 @@ def default_out_dir(cfg: RunConfig) -> Path:
     return Path("outputs") / f"{cfg.algorithm}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def finish(cfg: RunConfig, strategy: FederatedStrategy, engine: str, *, wall_s: float, out_dir: str | None = None) -> tuple[dict[str, Any], Path]:
+def finish(cfg: RunConfig, strategy: Any, engine: str, *, wall_s: float, out_dir: str | None = None) -> tuple[dict[str, Any], Path]:
     """Write results.json, accuracy.png and model.npy; return the document and the json path."""
     hist = strategy.history
     accs = [r.test_accuracy for r in hist if r.test_accuracy is not None]

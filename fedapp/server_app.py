@@ -11,8 +11,10 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedapp.config import ConfigError, parse_run_config
+from fedapp.registry import ALGORITHMS
 from fedapp.runner import build_strategy, finish, summary_lines
 from fedapp.strategy_base import FederationError
+from strategies.base import FederationError as PublicFederationError
 
 app = ServerApp()
 
@@ -30,13 +32,13 @@ def main(grid: Grid, context: Context) -> None:
     engine = "flower-simulation" if type(grid).__name__ == "InMemoryGrid" else "flower-deployment"
     strategy = build_strategy(cfg)
     try:
-        strategy.start(
-            grid=grid,
-            initial_arrays=ArrayRecord([strategy.x.astype(np.float32)]),
-            num_rounds=cfg.num_server_rounds,
-            evaluate_fn=strategy.evaluate_fn,
-        )
-    except FederationError as err:
+        if ALGORITHMS[cfg.algorithm].public:
+            strategy.start(grid=grid, initial_arrays=strategy.current_arrays(), num_rounds=cfg.num_server_rounds,
+                           evaluate_fn=strategy.evaluate_fn)
+        else:
+            strategy.start(grid=grid, initial_arrays=ArrayRecord([strategy.x.astype(np.float32)]),
+                           num_rounds=cfg.num_server_rounds, evaluate_fn=strategy.evaluate_fn)
+    except (FederationError, PublicFederationError) as err:
         log(ERROR, "federation mismatch: %s", err)
         raise
     doc, path = finish(cfg, strategy, engine, wall_s=time.perf_counter() - t0)

@@ -26,11 +26,14 @@ def array_record(arrays: list[NDArray[Any]]) -> ArrayRecord:
     return ArrayRecord([np.ascontiguousarray(a) for a in arrays])
 
 
-def train_content(arrays: list[NDArray[Any]], config: Mapping[str, Any]) -> RecordDict:
-    """The {"arrays", "config"} content Flower's built-in strategies also send."""
-    return RecordDict({"arrays": array_record(arrays), "config": ConfigRecord(dict(config))})
+def train_content(arrays: list[NDArray[Any]], config: Mapping[str, Any], *, arrays_key: str = "arrays",
+                  config_key: str = "config") -> RecordDict:
+    """The {"arrays", "config"} content Flower's built-in strategies also send (record names configurable)."""
+    return RecordDict({arrays_key: array_record(arrays), config_key: ConfigRecord(dict(config))})
 
 
-def reply_content(arrays: list[NDArray[Any]], num_examples: int, metrics: Mapping[str, Any]) -> RecordDict:
+def reply_content(arrays: list[NDArray[Any]], num_examples: int, metrics: Mapping[str, Any], *,
+                  arrays_key: str = "arrays") -> RecordDict:
     """The {"arrays", "metrics"} reply; "num-examples" is Flower's weighting key."""
-    return RecordDict({"arrays": array_record(arrays), "metrics": MetricRecord({**metrics, "num-examples": int(num_examples)})})
+    return RecordDict({arrays_key: array_record(arrays),
+                       "metrics": MetricRecord({**metrics, "num-examples": int(num_examples)})})

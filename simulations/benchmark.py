@@ -179,7 +179,7 @@ def fedrep_wire(out: Path, *, rounds: int = 6, connection: str | None = None) ->
             "in-process rounds/s": 1 / _per_round(doc),
         }
         if label.startswith("fedrep"):
-            K = strategy.k * m  # type: ignore[attr-defined]
+            K = strategy.k * m
             rows[label]["paper bound B/client/round"] = bits_bound(K, m) / 8
         rows[label]["dense up+down B/client/round"] = 2 * 4 * strategy.global_model().size
     raw = {**FEDREP_TASK, "algorithm": "fedrep", "num-server-rounds": rounds}
@@ -218,10 +218,10 @@ def recal_throughput(out: Path, *, rounds: int = 60, connection: str | None = No
 
     s = strategy
     t0 = time.perf_counter()
-    simulate_dprecal(s.problem, s.graph.neighbours, rounds,  # type: ignore[attr-defined]
-                     lambda cur, k: topology.next_agent(s.graph, cur, k, cfg.seed, cfg.walk,  # type: ignore[attr-defined]
-                                                        start=s.first_holder),  # type: ignore[attr-defined]
-                     s.first_holder, sigma1=s.sigma1, R=cfg.recal_r, x1=s.x1, x_star=s.x_star,  # type: ignore[attr-defined]
+    simulate_dprecal(s.problem, s.graph.neighbours, rounds,
+                     lambda cur, k: topology.next_agent(s.graph, cur, k, cfg.seed, cfg.walk,
+                                                        start=s.first_holder),
+                     s.first_holder, sigma1=s.sigma1, R=cfg.recal_r, x1=s.x1, x_star=s.x_star,
                      eval_every=rounds)
     sim_rate = rounds / (time.perf_counter() - t0)
     report = {"task": raw, "in-process rounds/s": 1 / _per_round(local), "flower rounds/s": 1 / _per_round(flower),

@@ -8,13 +8,13 @@ client keeps its own `Context` (so state lives in `context.state` exactly as und
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from flwr.app import Context, RecordDict
 
 from fedapp.client_app import handle
 from fedapp.config import RunConfig
 from fedapp.runner import build_strategy
-from fedapp.strategy_base import FederatedStrategy
 
 
 def make_contexts(cfg: RunConfig) -> dict[int, Context]:
@@ -27,7 +27,7 @@ def make_contexts(cfg: RunConfig) -> dict[int, Context]:
     }
 
 
-def run_rounds(strategy: FederatedStrategy, contexts: dict[int, Context], rounds: int, *, start: int = 1) -> None:
+def run_rounds(strategy: Any, contexts: dict[int, Context], rounds: int, *, start: int = 1) -> None:
     """Drive `rounds` rounds: configure -> every client's handler -> aggregate -> evaluate."""
     for rnd in range(start, start + rounds):
         strategy.begin_round(rnd)
@@ -47,7 +47,7 @@ def _answer(mtype: str, node_id: int, content: RecordDict, contexts: dict[int, C
         return node_id, f"{type(err).__name__}: {err}"
 
 
-def run_inprocess(cfg: RunConfig, *, evaluate: bool = True) -> tuple[FederatedStrategy, dict[int, Context], float]:
+def run_inprocess(cfg: RunConfig, *, evaluate: bool = True) -> tuple[Any, dict[int, Context], float]:
     """Run cfg.num_server_rounds rounds in this process; return the strategy (with history), contexts, wall."""
     t0 = time.perf_counter()
     strategy = build_strategy(cfg, evaluate=evaluate)

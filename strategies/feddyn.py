@@ -2,9 +2,9 @@
 
 The server keeps th (the model) and h (zero-initialised). Each round it broadcasts th, receives the local models
 th_i and applies ``h -= alpha (1/N) sum_{i in S} (th_i - th)`` and ``th = mean(th_i) - h / alpha``
-(:func:`fedapp.algorithms.local_sgd.feddyn_server_update`), alpha = the run config's ``feddyn-alpha``.
+(:func:`fedapp.algorithms.local_sgd.feddyn_server_update`), alpha = the ``alpha`` argument.
 
-[OURS] (spec 6.4) The "-sparse" key broadcasts top_k'(th) (k' = alpha-down d) and receives top_k / rand_k
+[OURS] (spec 6.4) With sparse codecs the server broadcasts top_k'(th) and receives top_k / rand_k
 sparsified th_i; the h update uses the model as the clients received it (zero-padded, float32 on the wire) and
 runs over the senders of each coordinate; the mean is element-wise, 0 where nobody sent (FedPDM's rule, A11).
 """
@@ -17,10 +17,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedapp.algorithms.local_sgd import feddyn_server_update
-from fedapp.config import RunConfig
-from fedapp.strategy_base import round_diagnostics
-from fedapp.task import Evaluator
+from strategies.base import Scalar
+from strategies.broadcast import round_diagnostics
 from strategies.fedavg import LocalSGDStrategy
+
+__all__ = ["FedDyn"]
 
 
 class FedDyn(LocalSGDStrategy):
@@ -28,16 +29,24 @@ class FedDyn(LocalSGDStrategy):
 
     Parameters
     ----------
-    cfg
-        Run config (see :class:`LocalSGDStrategy`) plus feddyn-alpha.
-    evaluator
-        Central test-set evaluation; None skips it (default None).
+    alpha
+        FedDyn's regularisation weight (default 10.0); sent to the clients as "feddyn-alpha".
+    **kwargs
+        :class:`strategies.fedavg.LocalSGDStrategy`'s arguments.
     """
 
-    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
-        super().__init__(cfg, evaluator)
+    def __init__(self, *, alpha: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not (isinstance(alpha, int | float) and alpha > 0):
+            raise ValueError(f"alpha must be > 0, got {alpha!r}")
+        self.alpha = float(alpha)
+
+    def on_initialize(self) -> None:
         self.h = np.zeros(self.dim)
         self.sent = np.zeros(self.dim)  # th^{t-1} as this round's clients received it
+
+    def round_config(self) -> dict[str, Scalar]:
+        return {**super().round_config(), "feddyn-alpha": self.alpha}
 
     def encode_downlink(self, idx: NDArray[np.int64]) -> tuple[list[NDArray[Any]], int]:
         """As the base class, and remember the broadcast (zero-padded, float32-rounded) for the h update."""
@@ -47,11 +56,5 @@ class FedDyn(LocalSGDStrategy):
 
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
         thetas = [updates[p] for p in sorted(updates)]
-        self.x, self.h, counts = feddyn_server_update(self.h, thetas, self.sent, self.cfg.feddyn_alpha, self.cfg.num_clients)
+        self.x, self.h, counts = feddyn_server_update(self.h, thetas, self.sent, self.alpha, self.num_clients)
         return {**round_diagnostics(counts, metrics), "h_norm": float(np.linalg.norm(self.h))}
-
-
-class SparseFedDyn(FedDyn):
-    """FedDyn with top_k / rand_k uplink and top_k' downlink (Fig. 8, [OURS])."""
-
-    sparse = True

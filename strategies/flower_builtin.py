@@ -1,27 +1,23 @@
-"""Flower's own FedAvg / FedProx (``flwr.serverapp.strategy``) adapted to our server app: keys ``flwr-fedavg``,
-``flwr-fedprox``.
+"""Flower's own FedAvg / FedProx (``flwr.serverapp.strategy``) driving our local-SGD client: the ``flwr-fedavg`` /
+``flwr-fedprox`` baselines of seed 000.
 
-The aggregation, the sampling and the messages are Flower's, untouched; :class:`FlowerBuiltinMixin` only adds
-what fedapp/server_app.py and fedapp/runner.py read from a strategy: the seeded initial model ``x`` (the same
-x_0^0 as our strategies), per-round ``history`` (:class:`fedapp.results.RoundRecord`, written by
-``evaluate_fn``), ``privacy_summary()``, ``rejected_total`` and ``global_model()``. Bytes are counted with
-:func:`fedapp.wire.recorddict_nbytes` by wrapping ``configure_train`` (downlink) and ``aggregate_train``
-(uplink). Our :class:`clients.fedavg.FedAvgClient` answers them: no "payload-format" means a dense model, and
-FedProx's mu arrives as "proximal-mu".
+The aggregation, the sampling and the messages are Flower's, untouched; :class:`FlowerBuiltinMixin` adds our
+per-round records (:class:`strategies.base.RoundBookkeeping`: central evaluation, bytes counted from the serialized
+records, privacy, rejected replies) and puts the local loop's settings into each message's config, because our
+:class:`clients.fedavg.FedAvgClient` reads every algorithmic value from the message (eta^t changes every round,
+which a static ``train_config`` cannot express). The model travels as Flower sends it (the user's arrays, no
+"payload-format"); the client replies in the same arrays. FedProx's mu arrives as Flower's "proximal-mu".
 
 How these differ from our ``fedavg`` / ``fedprox`` keys (all Flower's behaviour, kept on purpose):
 
-* sampling is Flower's ``sample_nodes`` (Python's unseeded ``random.sample``) with fraction_train = K/N,
-  min_train_nodes = K (so float rounding of K/N * N can never sample fewer than K) and min_available_nodes = N;
-  no all-clients first round (first-round-all is ignored) and no partition-id mapping (no ``query.whoami``);
+* sampling is Flower's ``sample_nodes`` (Python's unseeded ``random.sample``); no all-clients first round and no
+  partition-id mapping (no ``query.whoami``);
 * the mean is weighted by "num-examples" (= |D_i|; the same as ours for equal partitions);
-* dense only (no sparse variants); federated evaluation is off (fraction_evaluate = 0), the server evaluates
-  the global model centrally like ours;
-* under ``dp`` the clients add their noise as in ``fedavg`` / ``fedprox``; the privacy metrics are collected per
-  node id. A reply with an error counts as rejected; malformed content is Flower's to handle (it raises).
+* dense only; federated evaluation is off (fraction_evaluate = 0), the server evaluates centrally like ours;
+* under DP the clients add their noise as in ``fedavg`` / ``fedprox``; privacy metrics are collected per node id.
+  A reply with an error counts as rejected; malformed content is Flower's to handle (it raises).
 
-They need a Flower Grid: the in-process driver (simulations/inprocess.py) cannot run them, and ``attach`` /
-``train_contents`` raise :class:`FlowerOnlyError` there.
+They need a Flower Grid: the in-process driver cannot run them (:class:`FlowerOnlyError`).
 """
 
 from __future__ import annotations
@@ -32,17 +28,18 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, FedProx
+from flwr.serverapp.strategy import FedAvg, FedProx, Result
 
-from fedapp.config import RunConfig
-from fedapp.models.base import FloatArray
-from fedapp.sampling import STREAM_INIT, rng_for
-from fedapp.strategy_base import RoundBookkeeping
-from fedapp.task import Evaluator, build_model
+from fedapp.algorithms.fedpdm import step_size
+from fedapp.layout import ArrayLayout, FloatArray
+from fedapp.privacy.gaussian import Eq36Calibration
 from fedapp.wire import recorddict_nbytes
+from strategies.base import EvaluateFn, RoundBookkeeping, arrays_of
+
+__all__ = ["FlowerBuiltinMixin", "FlowerOnlyError", "FlwrFedAvg", "FlwrFedProx"]
 
 #: client metrics reported as the round's mean (Flower's num-examples weighted mean), under "mean_<key>"
 _MEANS = ("Q", "train_loss", "sigma", "eps_round")
@@ -53,55 +50,104 @@ class FlowerOnlyError(RuntimeError):
 
 
 class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
-    """The members our server app needs, around a Flower built-in strategy (FedAvg or a subclass).
+    """Our records and the local loop's per-round config around a Flower built-in strategy (FedAvg or a subclass).
 
     Put it first in the bases (``class X(FlowerBuiltinMixin, FedProx)``) so that its ``configure_train`` /
     ``aggregate_train`` wrap the built-in's.
 
     Parameters
     ----------
-    cfg
-        Run config: num-clients N, clients-per-round K, num-server-rounds, seed, init-std, eval-every, dp, delta.
-    evaluator
-        Central test-set evaluation; None skips it (default None).
+    eta0, max_local_steps, batch_size
+        The local loop of :class:`clients.fedavg.FedAvgClient` (eta^t = eta0 / sqrt(1 + t); defaults 0.04, 10,
+        None = the client's DataLoader batch size).
+    gamma
+        l1 subgradient weight (default 0.0).
+    privacy
+        The paper's Gaussian calibration (:class:`fedapp.privacy.gaussian.Eq36Calibration`) or None.
+    eval_every
+        Central evaluation every this many rounds (default 1).
+    **flower
+        Flower's own constructor arguments (fraction_train, min_train_nodes, min_available_nodes, ...; and
+        proximal_mu for FedProx). fraction_evaluate defaults to 0.
     """
 
-    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
-        self.cfg = cfg
-        self.evaluator = evaluator
-        self.x: FloatArray = self.initial_x()
-        self.init_bookkeeping()  # privacy is keyed by node id here (no partition map)
-        super().__init__(**self.flower_kwargs())
+    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
+    privacy_label = "eps(36)"
 
-    def initial_x(self) -> FloatArray:
-        """The initial global model: x_0^0 of our linear-model strategies (a subclass may start elsewhere)."""
-        return rng_for(self.cfg.seed, STREAM_INIT).normal(0.0, self.cfg.init_std, size=build_model(self.cfg).dim)
-
-    def flower_kwargs(self) -> dict[str, Any]:
-        """Constructor arguments of the Flower strategy (a subclass adds its own)."""
-        c = self.cfg
-        return {
-            "fraction_train": c.clients_per_round / c.num_clients, "min_train_nodes": c.clients_per_round,
-            "min_available_nodes": c.num_clients, "fraction_evaluate": 0.0,
-        }
+    def __init__(self, *, eta0: float = 0.04, max_local_steps: int = 10, batch_size: int | None = None,
+                 gamma: float = 0.0, privacy: Eq36Calibration | None = None, eval_every: int = 1,
+                 **flower: Any) -> None:
+        self.init_bookkeeping(eval_every=eval_every)
+        self.eta0, self.max_local_steps, self.batch_size = float(eta0), max_local_steps, batch_size
+        self.gamma, self.dp = float(gamma), privacy
+        self.x: FloatArray = np.zeros(0)
+        self._arrays: ArrayRecord | None = None
+        super().__init__(**{"fraction_evaluate": 0.0, **flower})
 
     # ------------------------------------------------------------------ what our server app reads
     def global_model(self) -> FloatArray:
-        """The last aggregated model (float64), evaluated centrally and saved by the runner."""
+        """The last aggregated model (flat float64), evaluated centrally and saved by the runner."""
         return self.x
 
+    def current_arrays(self) -> ArrayRecord:
+        if self._arrays is None:
+            raise RuntimeError("no model yet: call start(...)")
+        return self._arrays
+
+    def initialize(self, initial_arrays: ArrayRecord) -> None:
+        """Take the initial model (``start`` does this itself)."""
+        self._keep(initial_arrays)
+
+    def prepare(self, num_rounds: int, *, train_config: Any = None, evaluate_fn: EvaluateFn | None = None) -> None:
+        """Set the run's length and central evaluation (``start`` does this itself)."""
+        self.num_rounds, self.evaluate_fn = num_rounds, evaluate_fn
+
+    def _keep(self, arrays: ArrayRecord) -> None:
+        self._arrays = arrays
+        named = arrays_of(arrays)
+        self.x = ArrayLayout.of(named).flatten(named)
+
+    def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
+        if self.dp is not None and "eps_eq36" in priv:
+            return float(priv["eps_eq36"]), self.dp.delta
+        return None, None
+
     def summary(self) -> None:
-        """Log our run settings, then Flower's own summary."""
-        c = self.cfg
-        log(INFO, "%s (Flower built-in): N=%d K=%d rounds=%d dataset=%s dp=%s", type(self).__name__,
-            c.num_clients, c.clients_per_round, c.num_server_rounds, c.dataset, c.dp)
+        log(INFO, "%s (Flower built-in) with our local-SGD client: eta0=%s max_local_steps=%d gamma=%s dp=%s",
+            type(self).__name__, self.eta0, self.max_local_steps, self.gamma, self.dp is not None)
         super().summary()
 
-    # ------------------------------------------------------------------ byte counting around Flower's methods
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: EvaluateFn | None = None) -> Result:
+        """Flower's ``start`` with our per-round records (``evaluate_fn`` feeds the history)."""
+        self.initialize(initial_arrays)
+        self.prepare(num_rounds, evaluate_fn=evaluate_fn)
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
+                             self._evaluate_hook)
+
+    # ------------------------------------------------------------------ Flower's methods, wrapped
+    def local_config(self, server_round: int, participation: float) -> dict[str, Any]:
+        """The settings :class:`clients.fedavg.FedAvgClient` reads from each message."""
+        cfg: dict[str, Any] = {"eta": step_size(self.eta0, server_round - 1), "max-steps": self.max_local_steps,
+                               "gamma": self.gamma, "uplink": "dense", "dp": self.dp is not None}
+        if self.batch_size is not None:
+            cfg["batch-size"] = self.batch_size
+        if self.dp is not None:
+            cfg.update({"clip": self.dp.clip_norm, "dp-epsilon": self.dp.epsilon, "dp-delta": self.dp.delta,
+                        "dp-c0": self.dp.c0, "dp-q-power": self.dp.q_power,
+                        "dp-horizon": self.dp.horizon or self.num_rounds, "dp-participation": participation})
+        return cfg
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Flower's messages, unchanged; counts their serialized size as the round's downlink bytes."""
+        """Flower's messages plus our local settings in their config; counts their size as downlink bytes."""
         self._acc = {"t0": time.perf_counter(), "up": 0, "down": 0}
         messages = list(super().configure_train(server_round, arrays, config, grid))
+        available = max(1, len(list(grid.get_node_ids())))
+        extra = self.local_config(server_round, min(1.0, len(messages) / available))
+        for m in messages:
+            m.content[self.configrecord_key] = ConfigRecord({**dict(m.content.config_records[self.configrecord_key]),
+                                                             **extra})
         self._acc["down"] = sum(recorddict_nbytes(m.content) for m in messages)
         return messages
 
@@ -113,7 +159,7 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         self._acc["up"] = sum(recorddict_nbytes(r.content) for r in ok)
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:
-            self.x = np.asarray(arrays.to_numpy_ndarrays()[0], dtype=np.float64).reshape(-1)
+            self._keep(arrays)
         for r in ok:
             for rec in r.content.metric_records.values():
                 self.record_privacy(r.metadata.src_node_id, rec)
@@ -126,23 +172,13 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
     # ------------------------------------------------------------------ the in-process driver
     def attach(self, node_of: dict[int, int]) -> None:
         """Raise :class:`FlowerOnlyError`: Flower samples nodes itself, there is no partition map to attach."""
-        raise FlowerOnlyError(self._flower_only())
-
-    def train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
-        """Raise :class:`FlowerOnlyError`: Flower builds the messages in ``configure_train`` from a Grid."""
-        raise FlowerOnlyError(self._flower_only())
-
-    def _flower_only(self) -> str:
-        return (f"algorithm {self.cfg.algorithm!r} ({type(self).__name__}) is a Flower built-in strategy and needs a "
-                "Flower Grid: run it with `flwr run` (simulation or deployment), not on the in-process driver")
+        raise FlowerOnlyError(f"{type(self).__name__} is a Flower built-in strategy and needs a Flower Grid: run it "
+                              "with `flwr run` (simulation or deployment), not on the in-process driver")
 
 
 class FlwrFedAvg(FlowerBuiltinMixin):
-    """Flower's ``FedAvg`` (McMahan et al. 2017) with our server-app members; key ``flwr-fedavg``."""
+    """Flower's ``FedAvg`` (McMahan et al. 2017) with our records and local-SGD client; key ``flwr-fedavg``."""
 
 
 class FlwrFedProx(FlowerBuiltinMixin, FedProx):
-    """Flower's ``FedProx`` (Li et al. 2020), proximal_mu = the run config's ``mu``; key ``flwr-fedprox``."""
-
-    def flower_kwargs(self) -> dict[str, Any]:
-        return {**super().flower_kwargs(), "proximal_mu": self.cfg.mu}
+    """Flower's ``FedProx`` (Li et al. 2020) with our records; ``proximal_mu`` is Flower's argument."""

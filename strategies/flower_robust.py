@@ -43,6 +43,7 @@ Like ``flwr-fedavg`` these need a Flower Grid (``flwr run``): the in-process dri
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from logging import INFO, WARNING
@@ -52,15 +53,18 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, Krum
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum
 
 from clients.fedrep import initial_weights
 from fedapp import attacks
 from fedapp.algorithms.fedrep import learning_rate
 from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
-from fedapp.task import Evaluator, build_net
-from strategies.flower_builtin import FlowerBuiltinMixin
+from fedapp.sampling import STREAM_INIT, rng_for
+from fedapp.strategy_base import RoundBookkeeping
+from fedapp.task import Evaluator, build_model, build_net
+from fedapp.wire import recorddict_nbytes
+from strategies.flower_builtin import FlowerOnlyError
 
 #: the value attacks that need every client's vector: forged by the server-side simulation oracle
 OMNISCIENT = ("alie", "foe")
@@ -143,8 +147,99 @@ def forge_byzantine_replies(
     return out
 
 
-class FedREPSetupMixin(FlowerBuiltinMixin):
-    """:class:`FlowerBuiltinMixin` on the FedREP setup: w^0 of the torch network, all clients every round, the
+_MEANS = ("Q", "train_loss", "sigma", "eps_round")
+
+
+class CfgFlowerMixin(RoundBookkeeping, FedAvg):
+    """TRANSITIONAL (until the FedREP family moves to the public layer): the run-config form of
+    :class:`strategies.flower_builtin.FlowerBuiltinMixin`.
+
+    The members our server app needs, around a Flower built-in strategy (FedAvg or a subclass).
+
+    Put it first in the bases (``class X(CfgFlowerMixin, FedProx)``) so that its ``configure_train`` /
+    ``aggregate_train`` wrap the built-in's.
+
+    Parameters
+    ----------
+    cfg
+        Run config: num-clients N, clients-per-round K, num-server-rounds, seed, init-std, eval-every, dp, delta.
+    evaluator
+        Central test-set evaluation; None skips it (default None).
+    """
+
+    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
+        self.cfg = cfg
+        self.evaluator = evaluator
+        self.x: FloatArray = self.initial_x()
+        self.init_bookkeeping()  # privacy is keyed by node id here (no partition map)
+        super().__init__(**self.flower_kwargs())
+
+    def initial_x(self) -> FloatArray:
+        """The initial global model: x_0^0 of our linear-model strategies (a subclass may start elsewhere)."""
+        return rng_for(self.cfg.seed, STREAM_INIT).normal(0.0, self.cfg.init_std, size=build_model(self.cfg).dim)
+
+    def flower_kwargs(self) -> dict[str, Any]:
+        """Constructor arguments of the Flower strategy (a subclass adds its own)."""
+        c = self.cfg
+        return {
+            "fraction_train": c.clients_per_round / c.num_clients, "min_train_nodes": c.clients_per_round,
+            "min_available_nodes": c.num_clients, "fraction_evaluate": 0.0,
+        }
+
+    # ------------------------------------------------------------------ what our server app reads
+    def global_model(self) -> FloatArray:
+        """The last aggregated model (float64), evaluated centrally and saved by the runner."""
+        return self.x
+
+    def summary(self) -> None:
+        """Log our run settings, then Flower's own summary."""
+        c = self.cfg
+        log(INFO, "%s (Flower built-in): N=%d K=%d rounds=%d dataset=%s dp=%s", type(self).__name__,
+            c.num_clients, c.clients_per_round, c.num_server_rounds, c.dataset, c.dp)
+        super().summary()
+
+    # ------------------------------------------------------------------ byte counting around Flower's methods
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """Flower's messages, unchanged; counts their serialized size as the round's downlink bytes."""
+        self._acc = {"t0": time.perf_counter(), "up": 0, "down": 0}
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._acc["down"] = sum(recorddict_nbytes(m.content) for m in messages)
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's aggregation, unchanged; counts uplink bytes, rejected replies and privacy, and keeps ``x``."""
+        replies = list(replies)
+        ok = [r for r in replies if not r.has_error()]
+        self.rejected_total += len(replies) - len(ok)
+        self._acc["up"] = sum(recorddict_nbytes(r.content) for r in ok)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None:
+            self.x = np.asarray(arrays.to_numpy_ndarrays()[0], dtype=np.float64).reshape(-1)
+        for r in ok:
+            for rec in r.content.metric_records.values():
+                self.record_privacy(r.metadata.src_node_id, rec)
+        diag = {"clients": float(len(ok)), "rejected": float(len(replies) - len(ok))}
+        if metrics is not None:
+            diag.update({f"mean_{k}": float(v) for k in _MEANS if isinstance(v := metrics.get(k), int | float)})
+        self._acc["diag"] = diag
+        return arrays, metrics
+
+    # ------------------------------------------------------------------ the in-process driver
+    def attach(self, node_of: dict[int, int]) -> None:
+        """Raise :class:`FlowerOnlyError`: Flower samples nodes itself, there is no partition map to attach."""
+        raise FlowerOnlyError(self._flower_only())
+
+    def train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
+        """Raise :class:`FlowerOnlyError`: Flower builds the messages in ``configure_train`` from a Grid."""
+        raise FlowerOnlyError(self._flower_only())
+
+    def _flower_only(self) -> str:
+        return (f"algorithm {self.cfg.algorithm!r} ({type(self).__name__}) is a Flower built-in strategy and needs a "
+                "Flower Grid: run it with `flwr run` (simulation or deployment), not on the in-process driver")
+
+
+class FedREPSetupMixin(CfgFlowerMixin):
+    """:class:`CfgFlowerMixin` on the FedREP setup: w^0 of the torch network, all clients every round, the
     round's learning rate in the train config, and the simulation-only ALIE / FoE oracle around Flower's
     aggregation. Put it first in the bases (``class X(FedREPSetupMixin, Krum)``)."""
 

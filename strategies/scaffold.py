@@ -5,7 +5,7 @@ The server keeps x and the control variate c (zero-initialised). Each round it s
 clients (one message, one index set: :mod:`fedapp.compression.paired`), receives (Delta y_i, Delta c_i) and applies
 ``x += mean Delta y`` and ``c += (|S|/N) mean Delta c`` (:func:`fedapp.algorithms.local_sgd.scaffold_server_update`).
 
-[OURS] (spec 6.4) The "-sparse" key sends x and c on the indices of top_k'(x) (k' = alpha-down d) and receives
+[OURS] (spec 6.4) With a sparse downlink the server sends x and c on the indices of top_k'(x) and receives
 Delta y_i top_k / rand_k sparsified with Delta c_i on the same indices; Delta y is averaged element-wise over the
 senders of each coordinate and a coordinate nobody sent keeps its value. Under DP the clients compute Delta c_i
 from their noisy Delta y_i (post-processing, see clients/scaffold.py).
@@ -22,25 +22,19 @@ from fedapp.algorithms.local_sgd import scaffold_server_update
 from fedapp.compression.codec import SparseVector
 from fedapp.compression.paired import pair_from_arrays, pair_to_arrays
 from fedapp.compression.payload import FORMAT_KEY
-from fedapp.config import RunConfig
-from fedapp.strategy_base import round_diagnostics
-from fedapp.task import Evaluator
+from strategies.broadcast import round_diagnostics
 from strategies.fedavg import LocalSGDStrategy
+
+__all__ = ["Scaffold"]
 
 
 class Scaffold(LocalSGDStrategy):
     """SCAFFOLD: broadcast (x, c), apply the mean model change and the (|S|/N)-scaled mean control change.
 
-    Parameters
-    ----------
-    cfg
-        Run config (see :class:`LocalSGDStrategy`).
-    evaluator
-        Central test-set evaluation; None skips it (default None).
+    Parameters are :class:`strategies.fedavg.LocalSGDStrategy`'s.
     """
 
-    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
-        super().__init__(cfg, evaluator)
+    def on_initialize(self) -> None:
         self.c = np.zeros(self.dim)
 
     def encode_downlink(self, idx: NDArray[np.int64]) -> tuple[list[NDArray[Any]], int]:
@@ -49,7 +43,7 @@ class Scaffold(LocalSGDStrategy):
         return pair_to_arrays(v, self.c[idx], sparse=len(idx) < self.dim)
 
     def decode_update(
-        self, server_round: int, partition_id: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]
+        self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]
     ) -> tuple[SparseVector, SparseVector]:
         k = self.upload_k
         dy, dc = pair_from_arrays(arrays, metrics.get(FORMAT_KEY), self.dim, max_k=k)
@@ -60,12 +54,6 @@ class Scaffold(LocalSGDStrategy):
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
         pids = sorted(updates)
         self.x, self.c, counts = scaffold_server_update(
-            self.x, self.c, [updates[p][0] for p in pids], [updates[p][1] for p in pids], self.cfg.num_clients
+            self.x, self.c, [updates[p][0] for p in pids], [updates[p][1] for p in pids], self.num_clients
         )
         return {**round_diagnostics(counts, metrics), "control_norm": float(np.linalg.norm(self.c))}
-
-
-class SparseScaffold(Scaffold):
-    """SCAFFOLD with sparse Delta y / Delta c uploads and a top_k' (x, c) downlink (Fig. 8, [OURS])."""
-
-    sparse = True

@@ -12,6 +12,7 @@ from fedapp.client_app import handle
 from fedapp.config import parse_run_config
 from fedapp.runner import build_strategy
 from simulations.inprocess import make_contexts
+from strategies.base import RoundFailed
 
 CFG = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 4,
        "clients-per-round": 4, "num-server-rounds": 1, "alpha-up": 0.5, "alpha-down": 1.0}
@@ -80,8 +81,10 @@ def test_duplicate_and_unknown_nodes_are_rejected() -> None:
     assert metrics["rejected"] == 2.0 and metrics["clients"] == 4.0
 
 
-def test_all_replies_bad_keeps_the_model() -> None:
+def test_all_replies_bad_stops_the_round_and_keeps_the_model() -> None:
     strategy, replies = _honest_round()
     x = strategy.x.copy()  # type: ignore[attr-defined]
-    strategy.consume_replies(1, [(n, "RuntimeError: down") for n, _ in replies])  # type: ignore[attr-defined]
+    bad = [(n, "RuntimeError: down") for n, _ in replies]
+    with pytest.raises(RoundFailed, match=rf'round 1: no reply accepted \({len(bad)} rejected.*{len(bad)}x "client error: RuntimeError: down"'):
+        strategy.consume_replies(1, bad)  # type: ignore[attr-defined]
     np.testing.assert_array_equal(strategy.x, x)  # type: ignore[attr-defined]

@@ -28,9 +28,9 @@ from fedapp.client_app import handle
 from fedapp.compression.codec import MalformedPayload, SparseVector
 from fedapp.compression.paired import pair_from_arrays, pair_to_arrays
 from fedapp.config import RunConfig, parse_run_config
+from fedapp.localdata import ArrayData
 from fedapp.models import NonconvexL1Logistic
 from fedapp.privacy.gaussian import gaussian_noise_std, local_sgd_sensitivity, per_round_epsilon_eq36
-from fedapp.registry import ALGORITHMS
 from fedapp.runner import build_strategy
 from simulations.inprocess import make_contexts, run_inprocess
 from strategies.flower_builtin import FlowerOnlyError, FlwrFedAvg, FlwrFedProx
@@ -53,7 +53,7 @@ class Quadratic:
 
 def _full_batch(model: Quadratic, x0: FloatArray, q: int, eta: float, **kw: Any) -> FloatArray:
     # batch_size >= |D_i| = 4: every step is full-batch and Q = max_steps
-    return local_sgd(x0, np.zeros((4, 1)), np.zeros(4), model, eta=eta, batch_size=4, max_steps=q, clip=kw.pop("clip", None),
+    return local_sgd(x0, ArrayData(np.zeros((4, 1)), np.zeros(4)), model, eta=eta, batch_size=4, max_steps=q, clip=kw.pop("clip", None),
                      rng=np.random.default_rng(0), **kw).x
 
 
@@ -109,7 +109,7 @@ def test_minibatches_are_disjoint_slices_of_one_permutation_with_q_cap() -> None
             return np.zeros_like(x)
 
     feats = np.arange(25.0)[:, None]
-    res = local_sgd(np.zeros(2), feats, np.zeros(25), Recorder(np.zeros(2)), eta=0.1, batch_size=10, max_steps=10,
+    res = local_sgd(np.zeros(2), ArrayData(feats, np.zeros(25)), Recorder(np.zeros(2)), eta=0.1, batch_size=10, max_steps=10,
                     clip=None, rng=np.random.default_rng(7))
     assert res.steps == 2  # Q*b < |D_i| = 25 caps Q at 2
     perm = np.random.default_rng(7).permutation(25)
@@ -214,11 +214,11 @@ def test_scaffold_with_identical_clients_and_full_participation_equals_fedavg() 
     c, ci = np.zeros(model.dim), [np.zeros(model.dim) for _ in range(3)]
     for t in range(5):
         eta = 0.1 / math.sqrt(1 + t)
-        ys = [local_sgd(x_avg, feats, labels, model, eta=eta, rng=np.random.default_rng(t), **kw).x for _ in range(3)]
+        ys = [local_sgd(x_avg, ArrayData(feats, labels), model, eta=eta, rng=np.random.default_rng(t), **kw).x for _ in range(3)]
         x_avg, _ = model_average([_dense(y) for y in ys], model.dim)
         dys, dcs = [], []
         for i in range(3):
-            res = local_sgd(x_sc, feats, labels, model, eta=eta, rng=np.random.default_rng(t), correction=c - ci[i], **kw)
+            res = local_sgd(x_sc, ArrayData(feats, labels), model, eta=eta, rng=np.random.default_rng(t), correction=c - ci[i], **kw)
             dy = res.x - x_sc
             dc = scaffold_control_delta(c, dy, res.steps, eta)
             ci[i] = ci[i] + dc
@@ -348,14 +348,15 @@ def _flwr_cfg(alg: str, **over: Any) -> RunConfig:
 def test_flower_builtin_strategies_construct_and_summarise() -> None:
     for alg, cls in (("flwr-fedavg", FlwrFedAvg), ("flwr-fedprox", FlwrFedProx)):
         cfg = _flwr_cfg(alg, mu=0.1)
-        s = ALGORITHMS[alg].strategy_cls()(cfg, None)
+        s = build_strategy(cfg, evaluate=False)
         assert isinstance(s, cls)
         s.summary()
         assert s.x.shape == (84,) and s.history == [] and s.privacy_summary() == {} and s.rejected_total == 0
         assert s.fraction_train == 0.5 and s.min_train_nodes == 3 and s.min_available_nodes == 6
-    assert FlwrFedProx(_flwr_cfg("flwr-fedprox", mu=0.1)).proximal_mu == 0.1
+    assert build_strategy(_flwr_cfg("flwr-fedprox", mu=0.1), evaluate=False).proximal_mu == 0.1
     # the same x_0^0 as our strategies
-    np.testing.assert_array_equal(FlwrFedAvg(_flwr_cfg("flwr-fedavg")).x, build_strategy(_flwr_cfg("fedavg"), evaluate=False).x)
+    np.testing.assert_array_equal(build_strategy(_flwr_cfg("flwr-fedavg"), evaluate=False).x,
+                                  build_strategy(_flwr_cfg("fedavg"), evaluate=False).x)
 
 
 def test_flower_builtin_refuses_the_inprocess_driver() -> None:
@@ -373,19 +374,22 @@ def test_flower_builtin_bookkeeping_with_a_stub_grid(monkeypatch: pytest.MonkeyP
             return list(range(6))
 
     cfg = _flwr_cfg("flwr-fedprox", dp=True, **{"num-server-rounds": 2})
-    s = FlwrFedProx(cfg, None)
+    s = build_strategy(cfg, evaluate=False)
     ctx = make_contexts(cfg)
-    arrays = ArrayRecord([s.x.astype(np.float32)])
+    arrays = s.current_arrays()
     for rnd in (1, 2):
-        msgs = list(s.configure_train(rnd, arrays, ConfigRecord(), StubGrid()))  # type: ignore[arg-type]
-        assert len(msgs) == 3 and msgs[0].content["config"]["proximal-mu"] == cfg.mu
+        msgs = list(s.configure_train(rnd, arrays, ConfigRecord(), StubGrid()))
+        config = msgs[0].content["config"]
+        assert len(msgs) == 3 and config["proximal-mu"] == cfg.mu
+        # the local loop's settings travel in the message: eta^t = eta0 / sqrt(t), T of (36) = num rounds, p = K/N
+        assert config["eta"] == pytest.approx(cfg.eta0 / np.sqrt(rnd)) and config["dp-horizon"] == 2
+        assert config["dp-participation"] == 0.5 and config["batch-size"] == cfg.batch_size
         replies = [Message(handle("train", m.content, ctx[m.metadata.dst_node_id]), reply_to=m) for m in msgs]
         new, _ = s.aggregate_train(rnd, replies)
         assert new is not None
         np.testing.assert_array_equal(s.x, new.to_numpy_ndarrays()[0])
-        s.evaluate_fn(rnd, new)
+        s._evaluate_hook(rnd, new)
         arrays = new
     assert [r.round for r in s.history] == [1, 2]
     assert all(r.uplink_bytes > 0 and r.downlink_bytes > 0 and r.extra["clients"] == 3 for r in s.history)
     assert s.history[-1].epsilon == pytest.approx(cfg.epsilon_total, rel=1e-9)  # T = 2 rounds of (36)
-    assert set(s.privacy_summary()) == {"eps_eq36", "eps_rdp", "eps_basic", "delta_basic"}

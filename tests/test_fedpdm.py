@@ -11,6 +11,7 @@ from fedapp.algorithms.fedpdm import local_update, server_update, step_size
 from fedapp.compression.codec import SparseVector
 from fedapp.config import parse_run_config
 from fedapp.data import make_lasso_problem
+from fedapp.localdata import ArrayData
 from fedapp.models import MultinomialLogistic, NonconvexL1Logistic
 from fedapp.models.least_squares import LeastSquares
 from simulations.inprocess import run_inprocess
@@ -58,7 +59,7 @@ def _client_problem(seed: int = 0) -> tuple[NonconvexL1Logistic, np.ndarray, np.
 
 def test_dual_and_y_identity() -> None:
     m, feats, labels, x0, lam = _client_problem()
-    res = local_update(x0, lam, feats, labels, m, eta=0.05, rho=10.0, nu=0.0, batch_size=5, max_steps=7, clip=None,
+    res = local_update(x0, lam, ArrayData(feats, labels), m, eta=0.05, rho=10.0, nu=0.0, batch_size=5, max_steps=7, clip=None,
                        rng=np.random.default_rng(3))
     np.testing.assert_allclose(res.dual, lam + 10.0 * (x0 - res.x))  # (8c)
     np.testing.assert_allclose(res.y, 2 * res.x - x0 - lam / 10.0)  # (8d) with (8c) substituted (Appendix B)
@@ -67,8 +68,8 @@ def test_dual_and_y_identity() -> None:
 def test_stopping_rule_bounds() -> None:
     m, feats, labels, x0, lam = _client_problem()
     kw = {"eta": 0.05, "rho": 10.0, "batch_size": 10, "clip": 1.0, "rng": np.random.default_rng(0)}
-    assert local_update(x0, lam, feats, labels, m, nu=1e9, max_steps=20, **kw).steps == 1  # type: ignore[arg-type]
-    res = local_update(x0, lam, feats, labels, m, nu=0.0, max_steps=20, **kw)  # type: ignore[arg-type]
+    assert local_update(x0, lam, ArrayData(feats, labels), m, nu=1e9, max_steps=20, **kw).steps == 1  # type: ignore[arg-type]
+    res = local_update(x0, lam, ArrayData(feats, labels), m, nu=0.0, max_steps=20, **kw)  # type: ignore[arg-type]
     assert res.steps == 5 and not res.stopped_by_nu  # Q*b < |D_i| = 60 caps Q at 5
     assert res.steps * 10 < len(labels)
 
@@ -100,7 +101,7 @@ def test_full_participation_noise_free_converges_to_centralized_lasso(gamma: flo
     for _ in range(300):
         ys = []
         for i, (a, t) in enumerate(clients):
-            res = local_update(x0, duals[i], a, t, model, eta=eta, rho=rho, nu=1e-10, batch_size=len(t), max_steps=500,
+            res = local_update(x0, duals[i], ArrayData(a, t), model, eta=eta, rho=rho, nu=1e-10, batch_size=len(t), max_steps=500,
                                clip=None, rng=np.random.default_rng(i))
             duals[i] = res.dual
             ys.append(_dense(res.y))
@@ -118,7 +119,7 @@ def test_centralized_solution_is_a_fixed_point() -> None:
     duals = [model.grad(ref, a, t) for a, t in clients]  # lambda_i = grad f_i(x*)
     ys = []
     for i, (a, t) in enumerate(clients):
-        res = local_update(ref, duals[i], a, t, model, eta=1.0 / (L + rho), rho=rho, nu=1e-20, batch_size=len(t),
+        res = local_update(ref, duals[i], ArrayData(a, t), model, eta=1.0 / (L + rho), rho=rho, nu=1e-20, batch_size=len(t),
                            max_steps=2000, clip=None, rng=np.random.default_rng(i))
         ys.append(_dense(res.y))
     x_next, _ = server_update(ys, 8, gamma, rho)

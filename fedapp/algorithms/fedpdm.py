@@ -16,13 +16,13 @@ Server: x_0^{t+1} = prox_{h/rho}(element-wise mean of the received y's)         
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fedapp.aggregation import elementwise_mean, prox_l1
 from fedapp.compression.codec import SparseVector
+from fedapp.localdata import LocalData
 from fedapp.models.base import FloatArray, SmoothObjective
 
 
@@ -67,8 +67,7 @@ class LocalResult:
 def local_update(
     x0: FloatArray,
     dual: FloatArray,
-    features: FloatArray,
-    labels: NDArray[Any],
+    data: LocalData,
     model: SmoothObjective,
     *,
     eta: float,
@@ -83,17 +82,19 @@ def local_update(
 
     Mini-batches are consecutive slices of one permutation of D_i (sampling without replacement within the
     round, as in Thm. 2's proof, spec A8). The tested quantity in (10) is the squared norm of the same direction
-    used in the step, tested after the step, so Q >= 1 (spec A7).
+    used in the step, tested after the step, so Q >= 1 (spec A7). ``data`` is the client's D_i
+    (:mod:`fedapp.localdata`): numpy arrays or a torch dataset, read by index.
     """
-    q_max = max_steps_for(len(labels), batch_size, max_steps)
-    perm = rng.permutation(len(labels))
+    n = len(data)
+    q_max = max_steps_for(n, batch_size, max_steps)
+    perm = rng.permutation(n)
     x = x0.copy()
     sq = float("nan")
     steps, stopped = q_max, False
-    full_batch = batch_size >= len(labels)
+    full_batch = batch_size >= n
     for r in range(q_max):
         batch = perm if full_batch else perm[r * batch_size : (r + 1) * batch_size]
-        g = clip_by_norm(model.grad(x, features[batch], labels[batch]), clip)
+        g = clip_by_norm(model.grad(x, *data.batch(batch)), clip)
         direction = g - dual + rho * (x - x0)
         x = x - eta * direction  # (8a)
         sq = float(direction @ direction)

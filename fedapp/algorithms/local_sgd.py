@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -49,6 +48,7 @@ from numpy.typing import NDArray
 from fedapp.aggregation import elementwise_mean
 from fedapp.algorithms.fedpdm import clip_by_norm, max_steps_for
 from fedapp.compression.codec import SparseVector
+from fedapp.localdata import LocalData
 from fedapp.models.base import FloatArray, SmoothObjective
 
 
@@ -62,8 +62,7 @@ class LocalSGDResult:
 
 def local_sgd(
     x0: FloatArray,
-    features: FloatArray,
-    labels: NDArray[Any],
+    data: LocalData,
     model: SmoothObjective,
     *,
     eta: float,
@@ -86,8 +85,8 @@ def local_sgd(
     ----------
     x0
         The received global model x_0^t: the starting point and the anchor of the proximal term.
-    features, labels
-        The client's data D_i.
+    data
+        The client's data D_i (:mod:`fedapp.localdata`), read by index.
     model
         Gives the mini-batch gradient of the smooth loss f_i.
     eta
@@ -114,13 +113,14 @@ def local_sgd(
     LocalSGDResult
         The local model x_i^{t+1} = x^{t,Q} and Q.
     """
-    q = max_steps_for(len(labels), batch_size, max_steps)
-    perm = rng.permutation(len(labels))
-    full_batch = batch_size >= len(labels)
+    n = len(data)
+    q = max_steps_for(n, batch_size, max_steps)
+    perm = rng.permutation(n)
+    full_batch = batch_size >= n
     x = x0.copy()
     for r in range(q):
         batch = perm if full_batch else perm[r * batch_size : (r + 1) * batch_size]
-        g = clip_by_norm(model.grad(x, features[batch], labels[batch]) + gamma * np.sign(x), clip)
+        g = clip_by_norm(model.grad(x, *data.batch(batch)) + gamma * np.sign(x), clip)
         direction = g + prox * (x - x0)
         if correction is not None:
             direction = direction + correction

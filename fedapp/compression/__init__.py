@@ -24,6 +24,12 @@ if TYPE_CHECKING:
         payload_nbytes as payload_nbytes,
     )
     from fedapp.compression.sparsify import (
+        RandK as RandK,
+    )
+    from fedapp.compression.sparsify import (
+        TopK as TopK,
+    )
+    from fedapp.compression.sparsify import (
         rand_k as rand_k,
     )
     from fedapp.compression.sparsify import (
@@ -35,5 +41,5 @@ if TYPE_CHECKING:
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "codec": ["MalformedPayload", "SparseVector", "decode_vector", "encode_dense", "encode_sparse", "payload_nbytes"],
-    "sparsify": ["rand_k", "resolve_k", "top_k"],
+    "sparsify": ["RandK", "TopK", "rand_k", "resolve_k", "top_k"],
 })

@@ -9,12 +9,13 @@ values in index order, so that k = d draws exactly the same noise per coordinate
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["rand_k", "resolve_k", "top_k"]
+__all__ = ["RandK", "TopK", "rand_k", "resolve_k", "top_k"]
 
 # Guards floor(alpha*d) against alpha*d landing just below an integer in floating point (spec A17).
 _ROUNDING_SLACK = 1e-9
@@ -106,3 +107,44 @@ def rand_k(d: int, k: int, rng: np.random.Generator) -> NDArray[np.int64]:
         raise ValueError(f"d must be an integer >= 1, got {d!r}")
     _check_k(k, d)
     return np.sort(rng.choice(d, size=k, replace=False)).astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class TopK:
+    """The top-k sparsifier as a constructor argument: keep the k = max(1, floor(fraction d)) entries of largest
+    magnitude (eqs. 16a, 17a, 27).
+
+    Parameters
+    ----------
+    fraction
+        alpha in (0, 1]: the kept fraction of the d coordinates.
+    """
+
+    fraction: float
+    name: ClassVar[str] = "topk"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, int | float) or not 0 < self.fraction <= 1:
+            raise ValueError(f"{type(self).__name__} fraction must lie in (0, 1], got {self.fraction!r}")
+
+    def k(self, d: int) -> int:
+        """k for a vector of dimension d (:func:`resolve_k`)."""
+        return resolve_k(self.fraction, d)
+
+    def indices(self, v: NDArray[Any], rng: np.random.Generator | None = None) -> NDArray[np.int64]:
+        """The kept indices of v, ascending."""
+        return top_k(v, self.k(len(v)))
+
+
+@dataclass(frozen=True)
+class RandK(TopK):
+    """The rand-k sparsifier: k = max(1, floor(fraction d)) coordinates drawn uniformly without replacement
+    (eqs. 16b, 17b), independently of the values."""
+
+    name: ClassVar[str] = "randk"
+
+    def indices(self, v: NDArray[Any], rng: np.random.Generator | None = None) -> NDArray[np.int64]:
+        """k uniformly random indices, ascending (``rng`` is required)."""
+        if rng is None:
+            raise ValueError("rand-k needs a random generator")
+        return rand_k(len(v), self.k(len(v)), rng)

@@ -9,6 +9,9 @@ if TYPE_CHECKING:
         PrivacyLedger as PrivacyLedger,
     )
     from fedapp.privacy.gaussian import (
+        Eq36Calibration as Eq36Calibration,
+    )
+    from fedapp.privacy.gaussian import (
         add_gaussian_noise as add_gaussian_noise,
     )
     from fedapp.privacy.gaussian import (
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "accountants": ["PrivacyLedger"],
-    "gaussian": ["add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
+    "gaussian": ["Eq36Calibration", "add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
                  "local_sgd_sensitivity", "per_round_epsilon_eq36", "total_privacy_eq36"],
     "laplace": ["advanced_composition", "basic_composition", "laplace_noise", "laplace_scale"],
 })

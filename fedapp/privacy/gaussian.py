@@ -18,12 +18,14 @@ established accountant is in :mod:`fedapp.privacy.accountants`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
+    "Eq36Calibration",
     "add_gaussian_noise",
     "data_fraction",
     "fedpdm_sensitivity",
@@ -289,3 +291,48 @@ def add_gaussian_noise(
         return out
     out += rng.normal(0.0, std, size=out.shape)
     return out
+
+
+@dataclass(frozen=True)
+class Eq36Calibration:
+    """DP-FedPDM's noise calibration as the paper states it: (36) solved for the per-round epsilon, then (32).
+
+    Each client, each round it is sampled: ``q = Q b / |D_i|`` (its own data size and steps), ``p = K/N``,
+    ``epsilon_round = per_round_epsilon_eq36(epsilon, c0, q, p, T)``, ``sigma = gaussian_noise_std(S, epsilon_round,
+    delta)`` with the algorithm's L2 sensitivity S ((35) for FedPDM, (B.2) for local SGD) at clip norm G.
+
+    This reproduces the paper; it is **not** a rigorous guarantee: (32) needs epsilon_round < 1 and the paper's
+    (36) calibration typically makes epsilon_round far larger, and c0 is unknown (module docstring, spec 4.6).
+    Clients report the composed RDP epsilon of the same releases beside it (:class:`PrivacyLedger`).
+
+    Parameters
+    ----------
+    epsilon
+        epsbar, the total budget of (36) (> 0).
+    delta
+        delta of (32) per round, in (0, 1).
+    clip_norm
+        G: every mini-batch gradient is clipped to this L2 norm (Assumption 3; default 1.0).
+    c0
+        The unknown constant of (36) (default 1.0).
+    q_power
+        Exponent of q in (36) (2 as printed).
+    horizon
+        T of (36); None uses the run's number of rounds.
+    """
+
+    epsilon: float
+    delta: float
+    clip_norm: float = 1.0
+    c0: float = 1.0
+    q_power: float = 2.0
+    horizon: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("epsilon", "clip_norm", "c0", "q_power"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+        _require_open_unit("delta", self.delta)
+        if self.horizon is not None:
+            _require_positive_int("horizon", self.horizon)
