@@ -423,6 +423,63 @@ def local_deployment(
         _remove_connection(flwr_home, connection)
 
 
+@dataclass
+class LocalSimulation:
+    """A simulation SuperLink of our own (not the shared ``:local:`` daemon): its CLI connection and environment."""
+
+    connection: str
+    env: dict[str, str]
+    log_dir: Path
+    _daemons: list[_Daemon] = field(default_factory=list, repr=False)
+
+
+@contextlib.contextmanager
+def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup_timeout: float = 30.0,
+                     stop_timeout: float = 10.0) -> Iterator[LocalSimulation]:
+    """Start a simulation SuperLink on free loopback ports and register it as a CLI connection.
+
+    Unlike ``flwr run``'s shared local daemon, its ServerApp and ClientApps import this checkout's packages
+    (``pythonpath`` is put first on PYTHONPATH), whatever is installed, and its environment is this process's: so a
+    test runs the code under test, and an app that is not this project's (``examples/``) can import the library.
+    Pass ``connection`` and ``env`` to ``run_flower(..., connection=, env=, simulation=True)``.
+    """
+    flwr_home = flwr_home.resolve()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    port, control = free_ports(2)
+    connection = f"sim-{port}"
+    logs = (flwr_home / "logs" / connection).resolve()
+    logs.mkdir(parents=True, exist_ok=True)
+    env = flwr_env(flwr_home)
+    env["FLWR_HOME"] = str(flwr_home)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
+    sim = LocalSimulation(connection=connection, env=env, log_dir=logs)
+    try:
+        sim._daemons.append(_spawn("superlink", [
+            "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
+            "--control-api-address", f"127.0.0.1:{control}",
+        ], {**env, "PYTHONUNBUFFERED": "1"}, logs / "superlink.log"))
+        cfg = flwr_home / "config.toml"
+        text = cfg.read_text() if cfg.exists() else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+        cfg.write_text(text + f'\n[superlink.{connection}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            _check_started(sim._daemons)
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise DeploymentError(f"the simulation SuperLink did not listen on {port} within "
+                                          f"{startup_timeout:.0f} s\n{_tails(sim._daemons)}") from None
+                time.sleep(0.3)
+        yield sim
+    finally:
+        _stop(sim._daemons, stop_timeout)
+        _remove_connection(flwr_home, connection)
+
+
 # ---------------------------------------------------------------------------------------------------- command line
 def _sigterm_to_exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through local_deployment's cleanup

@@ -72,18 +72,22 @@ def _flwr(args: list[str], env: dict[str, str], *, capture: bool = True, timeout
 def run_flower(
     overrides: dict[str, Any], out_dir: Path, *, num_supernodes: int | None = None, connection: str | None = None,
     stream: bool = True, timeout: float = 3600.0, env: dict[str, str] | None = None, simulation: bool = False,
+    app: Path = ROOT, results_name: str | None = "results.json",
 ) -> FlowerRun:
     """Submit the app with run-config `overrides`, follow its logs, and return once it has finished.
 
     `connection` None means the local simulation SuperLink (`flwr run .`); otherwise a connection name from
     $FLWR_HOME/config.toml (e.g. a deployment SuperLink); with `simulation=True` that connection is a simulation
-    SuperLink and gets `num_supernodes` like the local one.
+    SuperLink and gets `num_supernodes` like the local one. ``app`` is the Flower app directory (default: this
+    project's reproduction app); another app must accept the run config it is given (``out-dir`` is added only
+    for this project's app); ``results_name`` None skips the check that a results file was written.
     """
     env = env or flwr_env()
     out_dir = out_dir.resolve()  # the ServerApp's cwd is the SuperLink daemon's, not ours
-    cfg = {**overrides, "out-dir": str(out_dir)}
-    args = ["run", str(ROOT)] + ([connection] if connection else []) + ["--format", "json"]
-    args += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())]
+    cfg = {**overrides, "out-dir": str(out_dir)} if app == ROOT else dict(overrides)
+    args = ["run", str(app)] + ([connection] if connection else []) + ["--format", "json"]
+    if cfg:
+        args += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())]
     if num_supernodes is not None and (connection is None or simulation):
         args += ["--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus=1"]
     out = _flwr(args, env, timeout=120)
@@ -98,9 +102,10 @@ def run_flower(
     listing = json.loads(_flwr(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format", "json"], env))
     run = listing["runs"][0]
     status = str(run["status"])
-    result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / "results.json", log=logs)
+    result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / (results_name or "results.json"),
+                       log=logs)
     if not status.startswith("finished:completed"):
         raise FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}", result)
-    if not result.results.exists():
+    if results_name and not result.results.exists():
         raise FlowerRunError(f"run {run_id} completed but wrote no {result.results}")
     return result

@@ -8,6 +8,7 @@ client keeps its own `Context` (so state lives in `context.state` exactly as und
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flwr.app import Context, RecordDict
@@ -58,4 +59,41 @@ def run_inprocess(cfg: RunConfig, *, evaluate: bool = True) -> tuple[Any, dict[i
     return strategy, contexts, time.perf_counter() - t0
 
 
-__all__ = ["make_contexts", "run_inprocess", "run_rounds"]
+__all__ = ["make_contexts", "run_clients", "run_inprocess", "run_rounds"]
+
+
+def run_clients(
+    strategy: Any, client_fn: Callable[[Context], Any], *, num_nodes: int, num_rounds: int, initial_arrays: Any,
+    evaluate_fn: Any = None, train_config: Any = None,
+) -> tuple[Any, dict[int, Context]]:
+    """A user's strategy and ``client_fn`` (the public layer only) for ``num_rounds`` rounds in this process.
+
+    Node i gets node config ``partition-id = i``, ``num-partitions = num_nodes`` and its own Context; every message
+    is the RecordDict Flower would carry, answered by the client's ``handle`` (exceptions become error replies), so
+    the result equals a Flower simulation's with the same seeds. Returns the strategy (with its history) and the
+    contexts (with the clients' state).
+    """
+    contexts = {i: Context(run_id=0, node_id=i, node_config={"partition-id": i, "num-partitions": num_nodes},
+                           state=RecordDict(), run_config={}) for i in range(num_nodes)}
+    clients: dict[int, Any] = {}
+
+    def answer(mtype: str, node: int, content: RecordDict) -> tuple[int, RecordDict | str]:
+        try:
+            if node not in clients:
+                clients[node] = client_fn(contexts[node])
+            clients[node].bind(contexts[node])
+            return node, clients[node].handle(mtype, content)
+        except Exception as err:
+            return node, f"{type(err).__name__}: {err}"
+
+    strategy.initialize(initial_arrays)
+    strategy.prepare(num_rounds, train_config=train_config, evaluate_fn=evaluate_fn)
+    strategy.attach({i: i for i in range(num_nodes)})
+    for rnd in range(1, num_rounds + 1):
+        strategy.begin_round(rnd)
+        pre = strategy.pre_train_contents(rnd)
+        if pre:
+            strategy.consume_pre_train(rnd, [answer(mtype, node, content) for node, mtype, content in pre])
+        strategy.consume_replies(rnd, [answer("train", node, content) for node, content in strategy.train_contents(rnd)])
+        strategy.evaluate_round(rnd)
+    return strategy, contexts

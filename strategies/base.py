@@ -26,6 +26,7 @@ The in-process driver (``simulations/inprocess.py``) calls :meth:`train_contents
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import time
 from abc import abstractmethod
@@ -63,6 +64,7 @@ __all__ = [
     "RoundBookkeeping",
     "RoundFailed",
     "arrays_of",
+    "concise_error",
     "record_of",
 ]
 
@@ -90,6 +92,21 @@ class RoundFailed(FederationError):
         got = sum(errors.values())
         super().__init__(f"round {server_round}: no reply accepted ({got} rejected, {sent - got} missing of "
                          f"{sent} sent){': ' + quoted if quoted else ''}{more}")
+
+
+_CLASS_WRAPPED = re.compile(r"^<class '[^']*'>:<'(.*)'>$", re.DOTALL)
+
+
+def concise_error(reason: str, limit: int = 300) -> str:
+    """The client's own error message from a Flower error reply (which may wrap a whole remote traceback)."""
+    text = reason.strip()
+    if "Message: " in text:  # ClientAppException in the simulation engine: "... Message: <the client's text>'>"
+        text = text.rsplit("Message: ", 1)[1]
+    match = _CLASS_WRAPPED.match(text)
+    if match:
+        text = match.group(1)
+    text = text.strip().rstrip(">").rstrip("'\"").strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def arrays_of(record: ArrayRecord) -> dict[str, NDArray[Any]]:
@@ -475,7 +492,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         metrics: dict[int, dict[str, Any]] = {}
         for node_id, content in replies:
             if isinstance(content, str):
-                self.reject(server_round, node_id, f"client error: {content}")
+                self.reject(server_round, node_id, f"client error: {concise_error(content)}")
                 continue
             cid = self.pid_of.get(node_id)
             if cid is None:
