@@ -36,7 +36,7 @@ class AlgorithmSpec:
     """How to build one algorithm: dotted paths (imported lazily) and the run-config keys it reads.
 
     When ``public`` (the algorithms already on the keyword-constructed public layer) ``strategy`` is a builder
-    ``(cfg) -> strategy`` and ``client`` a builder ``(cfg, context) -> client`` of :mod:`fedapp.builders`, and
+    ``(cfg) -> strategy`` and ``client`` a builder ``(cfg, context) -> client`` of :mod:`fedapp.apps`, and
     ``initial`` builds the initial ArrayRecord; otherwise they are the classes ``(cfg, evaluator)`` /
     ``(context, cfg)`` of the older layer.
     """
@@ -50,12 +50,12 @@ class AlgorithmSpec:
     checks: str = ""
     #: False for algorithms whose privacy keys are their own (the DP_KEYS of seed 000 are not echoed)
     uses_dp_keys: bool = True
-    initial: str = "fedapp.builders:numpy_initial_model"
+    initial: str = "fedapp.apps.common:numpy_initial_model"
 
     @property
     def public(self) -> bool:
-        """True once the algorithm is built through :mod:`fedapp.builders` (the public constructors)."""
-        return self.strategy.startswith("fedapp.builders:")
+        """True once the algorithm is built through :mod:`fedapp.apps` (the public constructors)."""
+        return self.strategy.startswith("fedapp.apps.")
 
     def validate(self, cfg: RunConfig) -> None:
         """Apply the algorithm's own run-config rules (raise ConfigError naming the key)."""
@@ -74,7 +74,7 @@ class AlgorithmSpec:
             from fedapp.task import Evaluator
 
             return _load(self.strategy)(cfg, Evaluator(cfg) if evaluate else None)
-        from fedapp.builders import evaluate_fn
+        from fedapp.apps.common import evaluate_fn
 
         strategy = _load(self.strategy)(cfg)
         strategy.initialize(_load(self.initial)(cfg))
@@ -158,47 +158,47 @@ FEDDYN_PAPER = "Acar et al., Federated Learning Based on Dynamic Regularization,
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "dp-fedpdm": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", FEDPDM_KEYS,
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", FEDPDM_KEYS,
         "DP federated primal-dual method (Alg. 1): duals on clients, Gaussian noise, l1 prox at the server", SEED000,
     ),
     "bsdp-fedpdm": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", FEDPDM_KEYS + SPARSE_KEYS,
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", FEDPDM_KEYS + SPARSE_KEYS,
         "DP-FedPDM with bidirectional top-k / rand-k sparsification (Alg. 2)", SEED000,
     ),
     # Baselines of seed 000 (Figs. 7-8); DP, l1 and sparsification treatment are ours (spec 6.4, A22).
     "fedavg": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma",),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma",),
         "FedAvg / DP-FedAvg baseline: Q local SGD steps on f_i + gamma*||x||_1 (subgradient), unweighted model mean",
         FEDAVG_PAPER,
     ),
     "fedavg-sparse": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", *SPARSE_KEYS),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma", *SPARSE_KEYS),
         "FedAvg with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDAVG_PAPER,
     ),
     "fedprox": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "mu"),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma", "mu"),
         "FedProx baseline: FedAvg with the local proximal term (mu/2)||x - x_0||^2", FEDPROX_PAPER,
     ),
     "fedprox-sparse": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "mu", *SPARSE_KEYS),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma", "mu", *SPARSE_KEYS),
         "FedProx with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDPROX_PAPER,
     ),
     "scaffold": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma",),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma",),
         "SCAFFOLD baseline (option II, global step 1): control variates c_i on clients, c on the server",
         SCAFFOLD_PAPER,
     ),
     "scaffold-sparse": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", *SPARSE_KEYS),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma", *SPARSE_KEYS),
         "SCAFFOLD with sparse (Delta y, Delta c) uplink on shared indices and top-k (x, c) downlink (Fig. 8 baseline)",
         SCAFFOLD_PAPER,
     ),
     "feddyn": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "feddyn-alpha"),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma", "feddyn-alpha"),
         "FedDyn baseline: client linear term grad L_i, server state h, theta = mean - h/alpha", FEDDYN_PAPER,
     ),
     "feddyn-sparse": AlgorithmSpec(
-        "fedapp.builders:broadcast_strategy", "fedapp.builders:broadcast_client", ("gamma", "feddyn-alpha", *SPARSE_KEYS),
+        "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma", "feddyn-alpha", *SPARSE_KEYS),
         "FedDyn with top-k / rand-k uplink and top-k downlink, element-wise mean (Fig. 8 baseline)", FEDDYN_PAPER,
     ),
     # Seed 002 (spec shared/specs/dp_iadmm.md): all agents every round, duals replicated on server and agents.
@@ -271,11 +271,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(
-        "fedapp.builders:flower_builtin_strategy", "fedapp.builders:broadcast_client", ("gamma",),
+        "fedapp.apps.fedpdm:flower_builtin_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma",),
         "Flower's built-in FedAvg (num-examples weighted mean, Flower's sampling) with our FedAvg client", FEDAVG_PAPER,
     ),
     "flwr-fedprox": AlgorithmSpec(
-        "fedapp.builders:flower_builtin_strategy", "fedapp.builders:broadcast_client", ("gamma", "mu"),
+        "fedapp.apps.fedpdm:flower_builtin_strategy", "fedapp.apps.fedpdm:broadcast_client", ("gamma", "mu"),
         "Flower's built-in FedProx (proximal-mu = mu) with our FedAvg client", FEDPROX_PAPER,
     ),
     # Flower's own robust strategies on the FedREP setup (torch net, Eq. (180) clients), Flower engines only.

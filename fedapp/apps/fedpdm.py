@@ -1,0 +1,71 @@
+"""Seed 000 family (DP-FedPDM / BSDP-FedPDM and the FedAvg-family baselines): run-config keys -> constructors."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import Context
+
+from fedapp.apps.common import codecs, eq36, federation, local_loop, node_of
+from fedapp.config import RunConfig
+from fedapp.task import build_model, client_dataset
+
+if TYPE_CHECKING:
+    from clients.base import FedClient
+    from strategies.base import FederatedStrategy
+
+
+def broadcast_strategy(cfg: RunConfig) -> FederatedStrategy:
+    """DP-FedPDM / BSDP-FedPDM and the FedAvg-family baselines (dense and "-sparse" keys)."""
+    from strategies.fedavg import FedAvg, FedProx
+    from strategies.feddyn import FedDyn
+    from strategies.fedpdm import DPFedPDM
+    from strategies.scaffold import Scaffold
+
+    alg = cfg.algorithm
+    common: dict[str, Any] = {**federation(cfg), **local_loop(cfg), "privacy": eq36(cfg),
+                              **codecs(cfg, alg.endswith("-sparse") or alg == "bsdp-fedpdm")}
+    base = alg.removesuffix("-sparse")
+    if base in ("dp-fedpdm", "bsdp-fedpdm"):
+        return DPFedPDM(rho=cfg.rho, gamma=cfg.gamma, nu=cfg.nu, **common)
+    if base == "fedavg":
+        return FedAvg(gamma=cfg.gamma, **common)
+    if base == "fedprox":
+        return FedProx(gamma=cfg.gamma, mu=cfg.mu, **common)
+    if base == "scaffold":
+        return Scaffold(gamma=cfg.gamma, **common)
+    if base == "feddyn":
+        return FedDyn(gamma=cfg.gamma, alpha=cfg.feddyn_alpha, **common)
+    raise KeyError(f"no broadcast strategy for algorithm {alg!r}")
+
+
+def flower_builtin_strategy(cfg: RunConfig) -> Any:
+    """Flower's own FedAvg / FedProx with our local-SGD client (keys flwr-fedavg, flwr-fedprox)."""
+    from strategies.flower_builtin import FlwrFedAvg, FlwrFedProx
+
+    kw: dict[str, Any] = {
+        **local_loop(cfg), "gamma": cfg.gamma, "privacy": eq36(cfg), "eval_every": cfg.eval_every,
+        "fraction_train": cfg.clients_per_round / cfg.num_clients, "min_train_nodes": cfg.clients_per_round,
+        "min_available_nodes": cfg.num_clients,
+    }
+    if cfg.algorithm == "flwr-fedprox":
+        return FlwrFedProx(proximal_mu=cfg.mu, **kw)
+    return FlwrFedAvg(**kw)
+
+
+def broadcast_client(cfg: RunConfig, context: Context) -> FedClient:
+    """The client of a seed-000 key: the run's numpy model on the node's partition, the run seed."""
+    from clients.fedavg import FedAvgClient
+    from clients.feddyn import FedDynClient
+    from clients.fedpdm import FedPDMClient
+    from clients.scaffold import ScaffoldClient
+
+    pid, parts = node_of(context)
+    base = cfg.algorithm.removesuffix("-sparse").removeprefix("flwr-")
+    cls: type[FedClient] = {"dp-fedpdm": FedPDMClient, "bsdp-fedpdm": FedPDMClient, "fedavg": FedAvgClient,
+                            "fedprox": FedAvgClient, "scaffold": ScaffoldClient, "feddyn": FedDynClient}[base]
+    return cls(build_model(cfg), client_dataset(cfg, pid, parts), context=context, seed=cfg.seed)
+
+
+
+__all__ = ["broadcast_client", "broadcast_strategy", "flower_builtin_strategy"]

@@ -1,0 +1,248 @@
+"""The three layers of ../shared/API.md: each imports only the ones below it.
+
+    the reproduction app   fedapp.config / registry / task / data / apps / runner / server_app / client_app,
+                           the model zoo (fedapp.models.torch_net), simulations
+    the public layer       strategies/, clients/ (and fedapp.wire, their Flower record helpers)
+    the math               fedapp.algorithms, privacy, compression, models, robust, secagg, topology, layout, ...
+
+Checked two ways: every import statement of every file (module level or inside a function, so a lazy import
+cannot hide), and a fresh interpreter that imports the whole public layer and must not have loaded the app.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = (
+    "fedapp.config",
+    "fedapp.registry",
+    "fedapp.task",
+    "fedapp.data",
+    "fedapp.apps",
+    "fedapp.runner",
+    "fedapp.server_app",
+    "fedapp.client_app",
+    "fedapp.strategy_base",
+    "fedapp.client_base",
+    "fedapp.models.torch_net",
+    "simulations",
+)
+PUBLIC_DIRS = ("strategies", "clients")
+PUBLIC_FILES = ("fedapp/wire.py",)
+APP_FILES = (
+    "fedapp/config.py",
+    "fedapp/registry.py",
+    "fedapp/task.py",
+    "fedapp/runner.py",
+    "fedapp/server_app.py",
+    "fedapp/client_app.py",
+    "fedapp/strategy_base.py",
+    "fedapp/client_base.py",
+    "fedapp/models/torch_net.py",
+    "fedapp/__init__.py",
+    "fedapp/lazy.py",
+)
+#: files not yet moved onto the layering (an algorithm family still being ported); must shrink to nothing
+PENDING: dict[str, set[str]] = {
+    "clients/decentralized.py": {
+        "fedapp.client_base",
+        "fedapp.client_base.FedClient",
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+    },
+    "clients/dpq.py": {"fedapp.config", "fedapp.config.RunConfig"},
+    "clients/fedrep.py": {
+        "fedapp.client_base",
+        "fedapp.client_base.FedClient",
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.data.sources",
+        "fedapp.data.sources.ArrayDataset",
+        "fedapp.task",
+        "fedapp.task.build_net",
+        "fedapp.task.client_dataset",
+    },
+    "clients/iadmm.py": {"fedapp.client_base", "fedapp.client_base.FedClient", "fedapp.client_base.STREAM_NOISE"},
+    "clients/recal.py": {
+        "fedapp.client_base",
+        "fedapp.client_base.FedClient",
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+    },
+    "clients/recal_baselines.py": {"fedapp.config", "fedapp.config.RunConfig"},
+    "fedapp/algorithms/dpq.py": {
+        "fedapp.data",
+        "fedapp.data.load_dataset",
+        "fedapp.data.load_partition",
+        "fedapp.data.sources",
+        "fedapp.data.sources.ArrayDataset",
+        "fedapp.models.torch_net",
+        "fedapp.models.torch_net.TorchNet",
+    },
+    "fedapp/algorithms/dpq_config.py": {
+        "fedapp.config",
+        "fedapp.config.ConfigError",
+        "fedapp.config.RunConfig",
+        "fedapp.data",
+        "fedapp.data.load_dataset",
+        "fedapp.data.load_partition",
+        "fedapp.data.sources",
+        "fedapp.data.sources.ArrayDataset",
+        "fedapp.models.torch_net",
+        "fedapp.models.torch_net.TorchNet",
+    },
+    "fedapp/algorithms/fedrep.py": {
+        "fedapp.config",
+        "fedapp.config.ConfigError",
+        "fedapp.models.torch_net",
+        "fedapp.models.torch_net.TORCH_MODELS",
+        "fedapp.models.torch_net.TorchNet",
+    },
+    "fedapp/algorithms/iadmm.py": {"fedapp.config", "fedapp.config.ConfigError", "fedapp.config.RunConfig"},
+    "fedapp/algorithms/recal.py": {"fedapp.config", "fedapp.config.ConfigError", "fedapp.data", "fedapp.data.sources"},
+    "fedapp/algorithms/recal_baselines.py": {"fedapp.config", "fedapp.config.ConfigError", "fedapp.config.RunConfig"},
+    "strategies/decentralized.py": {
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.strategy_base",
+        "fedapp.strategy_base.FederatedStrategy",
+        "fedapp.strategy_base.Scalar",
+    },
+    "strategies/dpq.py": {
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.strategy_base",
+        "fedapp.strategy_base.Scalar",
+    },
+    "strategies/fedrep.py": {
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.strategy_base",
+        "fedapp.strategy_base.FederatedStrategy",
+        "fedapp.strategy_base.Scalar",
+        "fedapp.task",
+        "fedapp.task.Evaluator",
+        "fedapp.task.build_net",
+    },
+    "strategies/flower_robust.py": {
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.strategy_base",
+        "fedapp.strategy_base.RoundBookkeeping",
+        "fedapp.task",
+        "fedapp.task.Evaluator",
+        "fedapp.task.build_model",
+        "fedapp.task.build_net",
+    },
+    "strategies/iadmm.py": {
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.strategy_base",
+        "fedapp.strategy_base.BroadcastStrategy",
+        "fedapp.strategy_base.Scalar",
+        "fedapp.task",
+        "fedapp.task.Evaluator",
+        "fedapp.task.total_train_samples",
+    },
+    "strategies/recal.py": {
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.strategy_base",
+        "fedapp.strategy_base.FederatedStrategy",
+        "fedapp.strategy_base.Scalar",
+    },
+    "strategies/recal_baselines.py": {
+        "fedapp.config",
+        "fedapp.config.RunConfig",
+        "fedapp.strategy_base",
+        "fedapp.strategy_base.FederatedStrategy",
+        "fedapp.strategy_base.Scalar",
+    },
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module named by an import statement anywhere in ``path`` (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), str(path))
+    pkg = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join([*parts, base]) if base else ".".join(parts)
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def _hits(names: set[str], banned: tuple[str, ...]) -> set[str]:
+    return {n for n in names if any(n == b or n.startswith(b + ".") for b in banned)}
+
+
+def _files(layer: str) -> list[Path]:
+    if layer == "public":
+        return [p for d in PUBLIC_DIRS for p in sorted((ROOT / d).glob("*.py"))] + [ROOT / f for f in PUBLIC_FILES]
+    if layer == "examples":
+        return sorted((ROOT / "examples").rglob("*.py"))
+    app = (
+        {ROOT / f for f in APP_FILES}
+        | set((ROOT / "fedapp" / "data").glob("*.py"))
+        | set((ROOT / "fedapp" / "apps").glob("*.py"))
+    )
+    return [
+        p for p in sorted((ROOT / "fedapp").rglob("*.py")) if p not in app and p not in {ROOT / f for f in PUBLIC_FILES}
+    ]
+
+
+def _violations() -> dict[str, set[str]]:
+    rules = {
+        "math": APP + ("flwr", "strategies", "clients"),
+        "public": APP,
+        "examples": APP,
+    }
+    out: dict[str, set[str]] = {}
+    for layer, banned in rules.items():
+        for path in _files(layer):
+            bad = _hits(_imports(path), banned)
+            if bad:
+                out[str(path.relative_to(ROOT))] = bad
+    return out
+
+
+def test_no_layer_imports_a_layer_above_it() -> None:
+    got = _violations()
+    assert got == PENDING, "layer violations (file: imported modules):\n" + "\n".join(
+        f"  {f}: {sorted(v)}" for f, v in sorted(got.items()) if PENDING.get(f) != v
+    )
+
+
+def test_importing_the_public_layer_loads_nothing_of_the_app() -> None:
+    modules = sorted(f"{d}.{p.stem}" for d in PUBLIC_DIRS for p in (ROOT / d).glob("*.py") if p.stem != "__init__")
+    pending = {f.removesuffix(".py").replace("/", ".") for f in PENDING}
+    modules = [m for m in modules if m not in pending]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"bad = sorted(m for m in sys.modules if any(m == a or m.startswith(a + '.') for a in {APP!r}))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"importing the public layer loaded app modules: {out.stdout.strip()}"
+
+
+def test_the_rule_catches_a_lazy_import(tmp_path: Path) -> None:
+    """The checker itself can fail: an import inside a function is found."""
+    f = ROOT / "clients" / "_probe_layering.py"
+    f.write_text("def f():\n    from fedapp.task import build_net\n    return build_net\n")
+    try:
+        assert _violations()["clients/_probe_layering.py"] == {"fedapp.task", "fedapp.task.build_net"}
+    finally:
+        f.unlink()
