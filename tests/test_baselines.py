@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ConfigRecord, Message
 from flwr.supercore.task_identity import TaskIdentity
 from numpy.typing import NDArray
 

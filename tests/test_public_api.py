@@ -250,7 +250,7 @@ def test_a_client_checks_every_value_of_the_message() -> None:
             client.handle("train", msg)
     other = RecordDict({"arrays": content.array_records["arrays"],
                         "config": ConfigRecord({**good, "layout-crc": good["layout-crc"] + 1})})
-    with pytest.raises(ValueError, match="ArrayRecord\\(net.state_dict\\(\\)\\)"):
+    with pytest.raises(ValueError, match=r"ArrayRecord\(net.state_dict\(\)\)"):
         client.handle("train", other)
 
 
