@@ -1,16 +1,19 @@
-"""Agent side of decentralized algorithms routed through the server (strategies/decentralized.py).
+"""Agent side of decentralized algorithms routed through the server (:mod:`strategies.decentralized`).
 
-* :class:`AgentClient`: one graph agent per node (partition-id = agent id), the graph from the run config (cached
-  per process), and its algorithm state saved to / loaded from ``context.state`` as a dataclass of float64
-  arrays and integer counters (:func:`save_state`, :func:`load_state`; float64 so the state round-trips bit
-  for bit -- Flower re-creates the client object for every message).
-* :class:`SyncAgentClient`: reads a synchronous round's inbox -- the neighbours' round-(k-1) messages the server
-  forwarded, checked against this agent's graph neighbours.
+* :class:`AgentClient`: one graph agent per node; its agent id is its ``partition-id`` (an agent's identity is
+  its place in the graph), checked against the id the server addresses it by. Its algorithm state is saved to /
+  loaded from ``context.state`` as a dataclass of float64 arrays and integer counters (:func:`save_state`,
+  :func:`load_state`; float64 so the state round-trips bit for bit).
+* :class:`SyncAgentClient`: reads a synchronous round's inbox -- its graph neighbours' round-(k-1) messages, which
+  the server forwards (none in round 1) -- and the mixing row (W_ii, W_ij) the server sends with them. A device may
+  pin its neighbours (``neighbours=``): it then refuses a message that gives it other neighbours, whatever the
+  server says.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
@@ -18,24 +21,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from numpy.typing import NDArray
 
-from fedapp import topology
-from fedapp.client_base import FedClient
-from fedapp.config import RunConfig
-from strategies.decentralized import MSG_ROUND, NEIGHBOURS
+from clients.base import FedClient, MessageConfig
+
+#: config keys of strategies/decentralized.py (the client does not import the server module)
+NEIGHBOURS, WEIGHTS, SELF_WEIGHT, MSG_ROUND, AGENT_KEY = "neighbours", "weights", "self-weight", "msg-round", "agent-id"
 
 T = TypeVar("T")
-_GRAPHS: dict[tuple[str, int, int], tuple[topology.Graph, NDArray[np.float64]]] = {}
 
-
-def graph_and_weights(cfg: RunConfig) -> tuple[topology.Graph, NDArray[np.float64]]:
-    """The run's graph and its Metropolis-Hastings W (:func:`fedapp.topology.metropolis_weights`), cached."""
-    key = (cfg.graph, cfg.num_clients, cfg.seed)
-    if key not in _GRAPHS:
-        if len(_GRAPHS) >= 8:
-            _GRAPHS.clear()
-        graph = topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
-        _GRAPHS[key] = (graph, topology.metropolis_weights(graph))
-    return _GRAPHS[key]
+__all__ = ["AgentClient", "SyncAgentClient", "drop_state", "load_state", "save_state"]
 
 
 def save_state(state: RecordDict, key: str, obj: Any) -> None:
@@ -81,55 +74,100 @@ def drop_state(state: RecordDict, key: str) -> None:
 
 
 class AgentClient(FedClient):
-    """A graph agent: partition-id = agent id, num-partitions = n, the graph of the run config.
+    """A graph agent: agent id = the node's partition-id.
 
     Parameters
     ----------
-    context
-        Flower Context (node_config partition-id / num-partitions; state persists across rounds).
-    cfg
-        Run config: num-clients n, graph, seed.
+    model, data, loss_fn, context, seed
+        As :class:`clients.base.FedClient` (``model`` may be None for an agent whose algorithm brings its own
+        local problem).
     """
 
-    def __init__(self, context: Context, cfg: RunConfig) -> None:  # no FedClient data / model: the agent's own
-        self.bind_node(context, cfg, check_partitions=True)
-        self.graph, self.weights = graph_and_weights(cfg)
+    def __init__(self, model: Any = None, data: Any = None, loss_fn: Any = None, *, context: Context | None = None,
+                 seed: int | None = None) -> None:
+        if model is not None:
+            super().__init__(model, data, loss_fn, context=context, seed=seed)
+        else:  # routing-only or own-problem agents: no flat model
+            self.model = None
+            self.data = None
+            self.seed = seed
+            self.node_context = None
+            self.client_id = 0
+            if context is not None:
+                self.bind(context)
 
     @property
-    def neighbours(self) -> list[int]:
-        """This agent's graph neighbours, ascending."""
-        return list(self.graph.neighbours[self.partition_id])
+    def agent_id(self) -> int:
+        """This agent's id in the graph (the node's partition-id)."""
+        nc = {} if self.node_context is None else self.node_context.node_config
+        if not isinstance(nc.get("partition-id"), int):
+            raise ValueError("a graph agent needs its partition-id in the node config (node-config \"partition-id=<i> "
+                             "num-partitions=<n>\")")
+        return int(nc["partition-id"])
 
-    def mixing_row(self) -> tuple[float, dict[int, float]]:
-        """``(W_ii, {j: W_ij})`` of the Metropolis-Hastings W, computed here from the graph."""
-        i = self.partition_id
-        return float(self.weights[i, i]), {j: float(self.weights[i, j]) for j in self.graph.neighbours[i]}
+    def check_addressed(self, cfg: MessageConfig) -> None:
+        """The server must address this agent by its own id (and the node must have one)."""
+        me = self.agent_id
+        if AGENT_KEY in cfg and cfg.integer(AGENT_KEY) != me:
+            raise ValueError(f"the server addressed agent {cfg.integer(AGENT_KEY)}, this node is agent {me}")
 
 
 class SyncAgentClient(AgentClient):
-    """An agent of a synchronous routed algorithm (strategies/decentralized.py :class:`SyncRouter`)."""
+    """An agent of a synchronous routed algorithm (:class:`strategies.decentralized.SyncRouter`).
+
+    Parameters
+    ----------
+    neighbours
+        The device's own list of its graph neighbours (a device policy); None trusts the server's routing.
+    **kwargs
+        :class:`AgentClient`'s arguments.
+    """
 
     #: arrays per published message
     message_arrays = 1
 
-    def inbox(self, parameters: list[Any], config: dict[str, Any]) -> tuple[int, dict[int, list[NDArray[Any]]]]:
+    def __init__(self, *args: Any, neighbours: Sequence[int] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pinned = None if neighbours is None else sorted(int(j) for j in neighbours)
+
+    def inbox(self, parameters: list[Any], cfg: MessageConfig) -> tuple[int, dict[int, list[NDArray[Any]]]]:
         """``(k, {j: neighbour j's round-(k-1) message})`` of a round-k train message; empty in round 1.
 
-        Raises ValueError if the server forwards messages of other senders than this agent's graph neighbours,
-        of another round, or a wrong number of arrays.
+        Raises ValueError if the message is addressed to another agent, carries another round's messages, gives
+        other neighbours than the device's pinned ones, or a wrong number of arrays.
         """
-        k = int(config["server-round"])
-        if int(config[MSG_ROUND]) != k - 1:
-            raise ValueError(f"round {k} must carry round {k - 1}'s messages, got round {config[MSG_ROUND]}'s")
-        senders = json.loads(str(config[NEIGHBOURS]))
-        expected = [] if k == 1 else self.neighbours
-        if senders != expected:
-            raise ValueError(f"agent {self.partition_id} expects messages from {expected} in round {k}, "
-                             f"the server forwarded {senders}")
+        self.check_addressed(cfg)
+        k = cfg.integer("server-round", lo=1)
+        if cfg.integer(MSG_ROUND) != k - 1:
+            raise ValueError(f"round {k} must carry round {k - 1}'s messages, got round {cfg.config[MSG_ROUND]}'s")
+        senders = self.neighbours(cfg) if k > 1 else []
         per = self.message_arrays
         if len(parameters) != per * len(senders):
             raise ValueError(f"{len(senders)} senders x {per} array(s) expected, got {len(parameters)} arrays")
         return k, {j: [np.asarray(a) for a in parameters[s * per:(s + 1) * per]] for s, j in enumerate(senders)}
 
+    def neighbours(self, cfg: MessageConfig) -> list[int]:
+        """This agent's graph neighbours as the message gives them (ascending, distinct, not itself, and the
+        device's pinned neighbours if it has any)."""
+        raw = json.loads(str(cfg.config.get(NEIGHBOURS, "[]")))
+        if not isinstance(raw, list) or not all(isinstance(j, int) and not isinstance(j, bool) and j >= 0 for j in raw):
+            raise ValueError(f"message config {NEIGHBOURS!r} must be a JSON list of agent ids, got {raw!r}")
+        if raw != sorted(set(raw)) or self.agent_id in raw:
+            raise ValueError(f"message config {NEIGHBOURS!r} = {raw} must be ascending distinct ids other than "
+                             f"this agent ({self.agent_id})")
+        if self.pinned is not None and raw != self.pinned:
+            raise ValueError(f"agent {self.agent_id} accepts messages from its neighbours {self.pinned} only, the "
+                             f"server gives it {raw}")
+        return list(raw)
 
-__all__ = ["AgentClient", "SyncAgentClient", "drop_state", "graph_and_weights", "load_state", "save_state"]
+    def mixing_row(self, cfg: MessageConfig) -> tuple[float, dict[int, float]]:
+        """``(W_ii, {j: W_ij})`` as the server sent it for this agent's neighbours: a probability row (checked)."""
+        neighbours = self.neighbours(cfg)
+        w = json.loads(str(cfg.config.get(WEIGHTS, "[]")))
+        wii = cfg.number(SELF_WEIGHT, lo=0.0, hi=1.0)
+        if not isinstance(w, list) or len(w) != len(neighbours) or not all(isinstance(v, int | float) for v in w):
+            raise ValueError(f"message config {WEIGHTS!r} must list one weight per neighbour {list(neighbours)}")
+        row = {int(j): float(v) for j, v in zip(neighbours, w, strict=True)}
+        if any(not 0.0 <= v <= 1.0 for v in row.values()) or abs(wii + sum(row.values()) - 1.0) > 1e-9:
+            raise ValueError(f"mixing row W_ii = {wii}, W_ij = {row} is not a probability vector")
+        return wii, row

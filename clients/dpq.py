@@ -36,7 +36,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from numpy.typing import NDArray
 
-from clients.decentralized import SyncAgentClient
+from clients._legacy_decentralized import SyncAgentClient
 from fedapp.algorithms import dpq, dpq_config
 from fedapp.compression import quantize
 from fedapp.config import RunConfig

@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context
 from numpy.typing import NDArray
 
-from clients.decentralized import AgentClient, SyncAgentClient, drop_state, load_state, save_state
+from clients._legacy_decentralized import AgentClient, SyncAgentClient, drop_state, load_state, save_state
 from clients.recal import recal_problem
 from fedapp.algorithms.recal_baselines import (
     NidsState,

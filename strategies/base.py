@@ -74,7 +74,8 @@ class FederationError(RuntimeError):
 
 
 class RoundFailed(FederationError):
-    """No reply of a round was accepted; the message quotes the clients' distinct errors with counts.
+    """A round could not be completed: no reply was accepted, or (``missing``) an algorithm that needs every
+    client lacks some. The message quotes the clients' distinct errors with counts.
 
     Attributes
     ----------
@@ -82,16 +83,22 @@ class RoundFailed(FederationError):
         The round that failed.
     errors
         ``{error text: number of clients}`` of the rejected replies.
+    missing
+        The clients whose reply the algorithm needed and did not get (empty: none was accepted at all).
     """
 
-    def __init__(self, server_round: int, errors: Counter[str], sent: int) -> None:
+    def __init__(self, server_round: int, errors: Counter[str], sent: int, *, missing: Sequence[int] = (),
+                 why: str = "") -> None:
         self.server_round = server_round
         self.errors = errors
-        quoted = "; ".join(f'{n}x "{why}"' for why, n in errors.most_common(3))
+        self.missing = list(missing)
+        quoted = "; ".join(f'{n}x "{e}"' for e, n in errors.most_common(3))
         more = f"; and {len(errors) - 3} other error(s)" if len(errors) > 3 else ""
         got = sum(errors.values())
-        super().__init__(f"round {server_round}: no reply accepted ({got} rejected, {sent - got} missing of "
-                         f"{sent} sent){': ' + quoted if quoted else ''}{more}")
+        head = (f"round {server_round}: no valid reply from client(s) {self.missing}{'; ' + why if why else ''}"
+                if self.missing else
+                f"round {server_round}: no reply accepted ({got} rejected, {sent - got} missing of {sent} sent)")
+        super().__init__(head + (f": {quoted}{more}" if quoted else ""))
 
 
 _CLASS_WRAPPED = re.compile(r"^<class '[^']*'>:<'(.*)'>$", re.DOTALL)

@@ -62,7 +62,7 @@ from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.results import RoundRecord
 from fedapp.strategy_base import Scalar
-from strategies.decentralized import SyncRouter
+from strategies._legacy_decentralized import SyncRouter
 
 #: config keys of a train message: the update index k (-1 = bootstrap) and whether the round is evaluated
 K_KEY = "dpq-k"

@@ -87,7 +87,7 @@ from fedapp.results import RoundRecord
 from fedapp.sampling import rng_for
 from fedapp.strategy_base import FederatedStrategy, Scalar
 from fedapp.wire import train_content
-from strategies.decentralized import PUBLICATIONS, SyncRouter
+from strategies._legacy_decentralized import PUBLICATIONS, SyncRouter
 from strategies.recal import REGISTER, STREAM_X1
 
 

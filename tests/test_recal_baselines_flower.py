@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clients.decentralized import load_state
+from clients._legacy_decentralized import load_state
 from fedapp.algorithms.recal import relative_error
 from fedapp.algorithms.recal_baselines import (
     STREAM_NIDS,
