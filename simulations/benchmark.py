@@ -5,6 +5,8 @@
 2. The in-process driver vs the Flower simulation for BSDP-FedPDM on that task.
 3. Uplink bytes per client per round at alpha_U in {1, 0.5, 0.1}, counted from serialized records, as a ratio
    to the dense upload (DP-FedPDM).
+4. One FedPDM local epoch on a user's torch CNN (LeNet-5 behind the generic TorchModel adapter, MNIST tensors in a
+   TensorDataset) against a plain torch SGD epoch of the same model, data, batch size and number of steps.
 Per-round wall is the median over rounds 2..R of the strategy's own per-round timer (round 1 contacts all N
 clients and includes actor start-up).
 """
@@ -52,7 +54,10 @@ def main(out: Path, *, rounds: int = 10) -> int:
     inproc, _ = finish(cfg, strategy, "in-process", wall_s=wall, out_dir=str(out / "inprocess-bsdp-fedpdm"))
     t_ours, t_fedavg, t_inproc = _per_round(flower["bsdp-fedpdm"]), _per_round(flower["flwr-fedavg"]), _per_round(inproc)
     report["wall_per_round_s"] = {"flower bsdp-fedpdm": t_ours, "flower flwr-fedavg": t_fedavg, "in-process bsdp-fedpdm": t_inproc}
-    report["ratios"] = {"ours / Flower FedAvg (Flower sim)": t_ours / t_fedavg, "Flower sim / in-process (bsdp-fedpdm)": t_ours / t_inproc}
+    epoch = local_epoch_ratio()
+    report["local_epoch_s"] = epoch
+    report["ratios"] = {"ours / Flower FedAvg (Flower sim)": t_ours / t_fedavg, "Flower sim / in-process (bsdp-fedpdm)": t_ours / t_inproc,
+                        "FedPDM local epoch / plain torch SGD epoch (user CNN)": epoch["fedpdm"] / epoch["plain torch SGD"]}
 
     wire = {}
     for label, over in (("dense (dp-fedpdm)", {"algorithm": "dp-fedpdm"}),
@@ -69,12 +74,65 @@ def main(out: Path, *, rounds: int = 10) -> int:
     (out / "benchmark.json").write_text(json.dumps(report, indent=1))
     md = ["| measure | value |", "|---|---|"]
     md += [f"| wall/round, {k} | {v:.3f} s |" for k, v in report["wall_per_round_s"].items()]
+    md += [f"| local epoch, {k} | {v:.3f} s |" for k, v in report["local_epoch_s"].items()]
     md += [f"| ratio {k} | {v:.2f} |" for k, v in report["ratios"].items()]
     md += [f"| uplink/client/round {k} | {v['bytes']:,.0f} B ({v['ratio_to_dense']:.3f} of dense) |"
            for k, v in report["uplink_bytes_per_client_round"].items()]
     (out / "benchmark.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
+
+
+def local_epoch_ratio(samples: int = 6000, batch_size: int = 32, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of one local epoch on a user's CNN: plain torch SGD vs the FedPDM local update (8a)-(8d).
+
+    Both take the same (n - 1) // b steps over the same permutation (FedPDM's Q b < |D_i| cap), one thread. The
+    FedPDM side is the public layer a user gets: :class:`fedapp.models.torch_model.TorchModel` around the module
+    and :class:`fedapp.localdata.TorchData` around the TensorDataset.
+    """
+    import numpy as np
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from fedapp.algorithms.fedpdm import local_update
+    from fedapp.data import load_dataset
+    from fedapp.localdata import TorchData
+    from fedapp.models.cnn import LeNet5
+    from fedapp.models.torch_model import TorchModel
+
+    torch.set_num_threads(1)
+    train, _, _ = load_dataset("mnist")
+    x = torch.from_numpy(train.x[:samples, :784].astype(np.float32)).view(-1, 1, 28, 28)
+    ds = TensorDataset(x, torch.from_numpy(train.y[:samples].copy()))
+    steps = (samples - 1) // batch_size
+
+    def plain(seed: int) -> float:
+        torch.manual_seed(0)
+        net = LeNet5()
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        perm = torch.from_numpy(np.random.default_rng(seed).permutation(samples))
+        net.train()
+        t = time.perf_counter()
+        for r in range(steps):
+            idx = perm[r * batch_size:(r + 1) * batch_size]
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x[idx]), ds.tensors[1][idx]).backward()
+            opt.step()
+        return time.perf_counter() - t
+
+    def fedpdm(seed: int) -> float:
+        torch.manual_seed(0)
+        model = TorchModel(LeNet5(), nn.CrossEntropyLoss())
+        x0 = model.get_flat()
+        t = time.perf_counter()
+        local_update(x0, np.zeros(model.dim), TorchData(ds), model, eta=0.05, rho=0.1, nu=0.0, batch_size=batch_size,
+                     max_steps=steps, clip=None, rng=np.random.default_rng(seed))
+        return time.perf_counter() - t
+
+    plain(0), fedpdm(0)  # warm-up
+    return {"plain torch SGD": statistics.median(plain(s) for s in range(repeats)),
+            "fedpdm": statistics.median(fedpdm(s) for s in range(repeats))}
 
 
 def _gradient_ms(repeats: int = 30) -> dict[str, float]:
