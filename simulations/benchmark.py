@@ -117,7 +117,7 @@ def local_epoch_ratio(samples: int = 6000, batch_size: int = 32, repeats: int = 
         for r in range(steps):
             idx = perm[r * batch_size:(r + 1) * batch_size]
             opt.zero_grad()
-            nn.functional.cross_entropy(net(x[idx]), ds.tensors[1][idx]).backward()
+            nn.functional.cross_entropy(net(x[idx]), ds.tensors[1][idx]).backward()  # type: ignore[no-untyped-call]
             opt.step()
         return time.perf_counter() - t
 
