@@ -150,7 +150,7 @@ class ArrayLayout:
                     raise LayoutMismatch(f"no value for the carried entry {e.name!r}")
                 out[e.name] = np.array(carried[e.name], dtype=e.dtype, copy=True).reshape(e.shape)
             else:
-                out[e.name] = np.ascontiguousarray(vec[e.offset:e.offset + e.size].reshape(e.shape), dtype=e.dtype)
+                out[e.name] = np.array(vec[e.offset:e.offset + e.size].reshape(e.shape), dtype=e.dtype, order="C")
         return out
 
     def slices(self) -> dict[str, slice]:

@@ -23,7 +23,7 @@ def recorddict_nbytes(content: RecordDict) -> int:
 
 def array_record(arrays: list[NDArray[Any]]) -> ArrayRecord:
     """ArrayRecord from a list of numpy arrays (keys "0", "1", ... as in Flower's NumPyClient bridge)."""
-    return ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+    return ArrayRecord([np.require(a, requirements="C") for a in arrays])  # np.ascontiguousarray would make 0-d 1-d
 
 
 def train_content(arrays: list[NDArray[Any]], config: Mapping[str, Any], *, arrays_key: str = "arrays",

@@ -7,15 +7,20 @@ client keeps its own `Context` (so state lives in `context.state` exactly as und
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
 
 from fedapp.client_app import handle
 from fedapp.config import RunConfig
 from fedapp.runner import build_strategy
+from fedapp.wire import recorddict_nbytes
 
 
 def make_contexts(cfg: RunConfig) -> dict[int, Context]:
@@ -59,7 +64,7 @@ def run_inprocess(cfg: RunConfig, *, evaluate: bool = True) -> tuple[Any, dict[i
     return strategy, contexts, time.perf_counter() - t0
 
 
-__all__ = ["make_contexts", "run_clients", "run_inprocess", "run_rounds"]
+__all__ = ["LocalGrid", "make_contexts", "run_clients", "run_inprocess", "run_rounds"]
 
 
 def run_clients(
@@ -97,3 +102,80 @@ def run_clients(
         strategy.consume_replies(rnd, [answer("train", node, content) for node, content in strategy.train_contents(rnd)])
         strategy.evaluate_round(rnd)
     return strategy, contexts
+
+
+class LocalGrid(Grid):
+    """A Flower Grid in this process: messages go to a real ``ClientApp`` (its mods included), one Context per node.
+
+    For tests of a user's whole app -- strategy, wrappers, ClientApp and mods -- without Ray or a SuperLink. Each
+    message and reply is deep-copied on the way, as a transport would serialize it, so neither side can change the
+    other's objects. A ClientApp exception becomes an error reply, as in Flower.
+
+    Parameters
+    ----------
+    client_app
+        The ClientApp every node runs.
+    num_nodes
+        Nodes 1..num_nodes (node ids), with node config ``partition-id = i - 1``, ``num-partitions = num_nodes``.
+    node_config
+        Extra node-config entries per node (by partition id), e.g. a device's own policy.
+    """
+
+    def __init__(self, client_app: Any, num_nodes: int, *, node_config: Mapping[int, Mapping[str, Any]] | None = None,
+                 run_config: Mapping[str, Any] | None = None) -> None:
+        from flwr.supercore.task_identity import TaskIdentity
+
+        # this process plays the ServerApp's: Flower's Message constructor reads the task identity it would set
+        for attr, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
+            if getattr(TaskIdentity, attr) is None:
+                setattr(TaskIdentity, attr, value)
+        self.client_app = client_app
+        self.contexts = {
+            i + 1: Context(run_id=1, node_id=i + 1, node_config={"partition-id": i, "num-partitions": num_nodes,
+                                                                **dict((node_config or {}).get(i, {}))},
+                           state=RecordDict(), run_config=dict(run_config or {}))
+            for i in range(num_nodes)
+        }
+        self._outbox: dict[str, Message] = {}
+        self.down_bytes = 0
+        self.up_bytes = 0
+
+    def set_run(self, run: Any) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Any:
+        return getattr(self, "_run", None)
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for msg in messages:
+            mid = str(uuid.uuid4())
+            msg.metadata.__dict__["_message_id"] = mid
+            msg.metadata.__dict__["_run_id"] = 1
+            delivered = copy.deepcopy(msg)
+            self.down_bytes += recorddict_nbytes(delivered.content)
+            context = self.contexts[delivered.metadata.dst_node_id]
+            try:
+                reply = self.client_app(delivered, context)
+            except Exception as err:  # what Flower turns into an error reply
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
+                                reply_to=delivered)
+            if not reply.has_error():
+                self.up_bytes += recorddict_nbytes(reply.content)
+            self._outbox[mid] = copy.deepcopy(reply)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        return [self._outbox.pop(m) for m in message_ids if m in self._outbox]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        return self.pull_messages(self.push_messages(messages))

@@ -123,7 +123,7 @@ def arrays_of(record: ArrayRecord) -> dict[str, NDArray[Any]]:
 
 def record_of(arrays: Mapping[str, NDArray[Any]]) -> ArrayRecord:
     """An ArrayRecord holding ``arrays`` under their names, in order."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})  # keeps 0-d arrays 0-d
 
 
 def _metric_ok(value: Any) -> bool:

@@ -80,6 +80,17 @@ def test_layout_round_trips_a_state_dict_and_carries_integer_entries() -> None:
         np.testing.assert_array_equal(back[k], v + 1.0 if k in floats else v)  # ints carried, not shifted
 
 
+def test_layout_keeps_zero_dimensional_entries_zero_dimensional() -> None:
+    """A scalar parameter (0-d float) and a 0-d counter come back 0-d, through the layout and an ArrayRecord."""
+    state = {"temperature": np.array(1.5, np.float32), "w": np.ones((2, 2), np.float32), "n": np.array(7, np.int64)}
+    layout = ArrayLayout.of(state)
+    back = layout.unflatten(layout.flatten(state) * 2, state)
+    assert back["temperature"].shape == () and back["temperature"] == 3.0 and back["n"].shape == () and back["n"] == 7
+    from strategies.base import record_of
+
+    assert {k: v.numpy().shape for k, v in record_of(back).items()} == {"temperature": (), "w": (2, 2), "n": ()}
+
+
 def test_layout_names_what_does_not_match() -> None:
     state = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(2, np.float32)}
     layout = ArrayLayout.of(state)

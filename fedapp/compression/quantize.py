@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -51,6 +52,7 @@ from fedapp.compression.codec import MalformedPayload
 __all__ = [
     "HEADER_BITS",
     "WIRE_HEADER_BYTES",
+    "Quantizer",
     "decode_float32",
     "decode_levels",
     "decode_message",
@@ -346,3 +348,61 @@ def decode_message(arrays: Mapping[str, Any], q_step: float | None, count: int |
         return decode_float32(arrays, count)
     step = _check_step(q_step)
     return decode_levels(arrays, count).astype(np.float64) * step
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """The b-bit unbiased stochastic quantizer as a codec: levels in [-L, L], L = 2^(b-1) - 1, of the step
+    s = max|v| / L, rounded randomly as in eq. (3) (:func:`quantize_levels`), so ``E[decode(encode(v))] = v``
+    coordinate-wise and the error is below s per coordinate. The payload is the bit-packed levels (b bits each,
+    :func:`encode_levels`) plus the float64 step.
+
+    Parameters
+    ----------
+    bits
+        b >= 2 bits per coordinate.
+    """
+
+    bits: int
+    name: ClassVar[str] = "quant"
+    #: a dense code, but each client has its own step: encodings of different clients do not sum to the code of
+    #: the sum (a secure sum needs a common step)
+    shared_support: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 2 <= self.bits <= 32:
+            raise ValueError(f"Quantizer bits must be an integer in [2, 32], got {self.bits!r}")
+
+    @property
+    def spec(self) -> str:
+        """``"quant:<bits>"``, the form a message carries."""
+        return f"{self.name}:{self.bits}"
+
+    @property
+    def max_level(self) -> int:
+        """L = 2^(b-1) - 1."""
+        return int(2 ** (self.bits - 1)) - 1
+
+    def encode(self, v: ArrayLike, rng: np.random.Generator | None = None) -> dict[str, NDArray[Any]]:
+        """Bit-packed levels and the step of v (``rng`` draws the rounding and is required)."""
+        if rng is None:
+            raise ValueError("the stochastic quantizer needs a random generator")
+        vec = np.asarray(v, dtype=np.float64).reshape(-1)
+        if not np.all(np.isfinite(vec)):
+            raise ValueError("cannot quantize NaN or Inf")
+        peak = float(np.max(np.abs(vec))) if vec.size else 0.0
+        step = peak / self.max_level if peak > 0 else 1.0
+        levels = np.clip(quantize_levels(vec, step, rng), -self.max_level, self.max_level)
+        return {**encode_levels(levels), "step": np.array([step], dtype=np.float64)}
+
+    def decode(self, arrays: Mapping[str, Any], dim: int) -> NDArray[np.float64]:
+        """The dense reconstruction ``step * levels`` (MalformedPayload on any inconsistency)."""
+        if set(arrays) != {_LEVELS, "step"}:
+            raise MalformedPayload(f"a quantized payload has keys ['qlevels', 'step'], got {sorted(arrays)}")
+        step_arr = np.asarray(arrays["step"])
+        if step_arr.dtype != np.float64 or step_arr.shape != (1,) or not np.isfinite(step_arr[0]) or step_arr[0] <= 0:
+            raise MalformedPayload("'step' must be one finite float64 > 0")
+        levels = decode_levels({_LEVELS: arrays[_LEVELS]}, count=dim)
+        if levels.size and int(np.max(np.abs(levels))) > self.max_level:
+            raise MalformedPayload(f"levels exceed +-{self.max_level} of a {self.bits}-bit quantizer")
+        return levels.astype(np.float64) * float(step_arr[0])

@@ -9,6 +9,7 @@ values in index order, so that k = d draws exactly the same noise per coordinate
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -111,8 +112,8 @@ def rand_k(d: int, k: int, rng: np.random.Generator) -> NDArray[np.int64]:
 
 @dataclass(frozen=True)
 class TopK:
-    """The top-k sparsifier as a constructor argument: keep the k = max(1, floor(fraction d)) entries of largest
-    magnitude (eqs. 16a, 17a, 27).
+    """The top-k sparsifier as a constructor argument and a codec: keep the k = max(1, floor(fraction d)) entries
+    of largest magnitude (eqs. 16a, 17a, 27), sent as k float32 values plus compact indices.
 
     Parameters
     ----------
@@ -122,10 +123,17 @@ class TopK:
 
     fraction: float
     name: ClassVar[str] = "topk"
+    #: every client keeps other coordinates: encodings of different clients cannot be summed coordinate-wise
+    shared_support: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, int | float) or not 0 < self.fraction <= 1:
             raise ValueError(f"{type(self).__name__} fraction must lie in (0, 1], got {self.fraction!r}")
+
+    @property
+    def spec(self) -> str:
+        """``"<name>:<fraction>"``, the form a message carries (:func:`fedapp.compression.codecs.codec_from_spec`)."""
+        return f"{self.name}:{self.fraction!r}"
 
     def k(self, d: int) -> int:
         """k for a vector of dimension d (:func:`resolve_k`)."""
@@ -134,6 +142,22 @@ class TopK:
     def indices(self, v: NDArray[Any], rng: np.random.Generator | None = None) -> NDArray[np.int64]:
         """The kept indices of v, ascending."""
         return top_k(v, self.k(len(v)))
+
+    def encode(self, v: NDArray[Any], rng: np.random.Generator | None = None) -> dict[str, NDArray[Any]]:
+        """The kept entries of v as a compact payload (:func:`fedapp.compression.codec.encode_sparse`)."""
+        from fedapp.compression.codec import SparseVector, encode_dense, encode_sparse
+
+        vec = np.asarray(v, dtype=np.float64)
+        idx = self.indices(vec, rng)
+        if len(idx) == len(vec):
+            return encode_dense(vec)
+        return encode_sparse(SparseVector(indices=idx, values=vec[idx], dim=len(vec)))
+
+    def decode(self, arrays: Mapping[str, Any], dim: int) -> NDArray[np.float64]:
+        """The dense vector of a received payload (at most k entries; MalformedPayload otherwise)."""
+        from fedapp.compression.codec import decode_vector
+
+        return decode_vector(arrays, dim, max_k=self.k(dim)).to_dense()
 
 
 @dataclass(frozen=True)
