@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.common.logger import log
 
+from fedapp.compression.codec import FLOAT32_MAX
 from fedapp.config import ConfigError, RunConfig
 from fedapp.registry import ALGORITHMS
 from fedapp.results import build_results, write_results
@@ -63,9 +64,20 @@ def accountant_docs(privacy: dict[str, float]) -> dict[str, str]:
 
 
 def build_strategy(cfg: RunConfig, *, evaluate: bool = True) -> FederatedStrategy:
-    """The configured algorithm's Strategy with central evaluation on the test set."""
+    """The configured algorithm's Strategy with central evaluation on the test set.
+
+    Raises ConfigError when the initial global model cannot be sent: every model travels as float32, so an entry
+    beyond FLOAT32_MAX (a huge init-std, the only key that scales x_0) would reach every client as inf.
+    """
     spec = ALGORITHMS[cfg.algorithm]
-    return spec.strategy_cls()(cfg, Evaluator(cfg) if evaluate else None)
+    strategy = spec.strategy_cls()(cfg, Evaluator(cfg) if evaluate else None)
+    x0 = np.asarray(strategy.global_model(), dtype=np.float64)
+    largest = float(np.max(np.abs(x0))) if x0.size else 0.0
+    if not largest <= FLOAT32_MAX:
+        raise ConfigError(f"run config key 'init-std' ({cfg.init_std:g}) draws an initial model with entries up to "
+                          f"{largest:.3g}, beyond the float32 range of the wire format ({FLOAT32_MAX:.3g}): every "
+                          "client would receive inf; lower init-std")
+    return strategy
 
 
 def default_out_dir(cfg: RunConfig) -> Path:
