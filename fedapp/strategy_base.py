@@ -53,18 +53,30 @@ QUOTED_ERRORS = 3
 QUOTED_ERROR_CHARS = 300
 
 
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
 def quote_errors(errors: Mapping[str, int], limit: int = QUOTED_ERRORS) -> str:
-    """``30x "q = ..."; 2x "..."`` for the most frequent distinct errors, then how many others were left out."""
+    """``30x "q = ..."; 2x "..."``: the most frequent distinct errors, then how many others were left out.
+
+    Errors that differ only in their numbers (each client's own step count or norm) count as one, quoted by its
+    most frequent text, so that 100 clients failing the same way make one quote, not 100.
+    """
     if not errors:
         return "no reply arrived"
-    ranked = sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for text, count in errors.items():
+        groups.setdefault(_NUMBER.sub("#", text), []).append((text, count))
+    ranked = sorted(groups.values(), key=lambda g: (-sum(c for _, c in g), min(t for t, _ in g)))
     parts = []
-    for text, count in ranked[:limit]:
+    for group in ranked[:limit]:
+        text = max(group, key=lambda tc: (tc[1], tc[0]))[0]
         short = text if len(text) <= QUOTED_ERROR_CHARS else text[: QUOTED_ERROR_CHARS - 3] + "..."
-        parts.append(f'{count}x "{short}"')
+        variants = f" ({len(group)} variants differing in numbers)" if len(group) > 1 else ""
+        parts.append(f'{sum(c for _, c in group)}x "{short}"{variants}')
     rest = ranked[limit:]
     if rest:
-        parts.append(f"and {len(rest)} other distinct error(s) ({sum(c for _, c in rest)}x)")
+        parts.append(f"and {len(rest)} other distinct error(s) ({sum(c for g in rest for _, c in g)}x)")
     return "; ".join(parts)
 
 
