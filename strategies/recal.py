@@ -33,7 +33,7 @@ from clients.recal import recal_problem
 from fedapp import topology
 from fedapp.algorithms.recal import beta_for, relative_error, solve_elastic_net
 from fedapp.compression.codec import MalformedPayload
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.privacy import zcdp
 from fedapp.results import RoundRecord
@@ -127,8 +127,11 @@ class DPRECAL(FederatedStrategy):
         g = topology.stationary_distribution(self.graph)
         self.xi_plan = c.num_server_rounds if c.xi_plan == "K" else zcdp.default_xi_plan(c.num_server_rounds, c.walk, list(g))
         if c.recal_epsilon > 0:
-            self.sigma1 = zcdp.calibrate_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, alpha_max,
-                                                self.beta, l_max)
+            try:
+                self.sigma1 = zcdp.calibrate_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, alpha_max,
+                                                    self.beta, l_max)
+            except zcdp.CalibrationOverflowError as err:  # needs L_max, so only known after registration
+                raise ConfigError(f"run config key 'recal-epsilon' ({c.recal_epsilon:g}) cannot be met: {err}") from None
         self.first_holder = topology.start_agent(self.graph, c.walk_start, c.seed)
         self.holder = self.first_holder
         log(INFO, "registered %d agents: alpha_max=%.4g L_max=%.4g Delta=%.4g xi_plan=%d sigma_1=%.4g start=%d",

@@ -80,7 +80,7 @@ from fedapp.algorithms.recal_baselines import (
     rw_admm_sensitivity,
 )
 from fedapp.compression.codec import MalformedPayload
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.privacy import zcdp
 from fedapp.results import RoundRecord
@@ -165,7 +165,10 @@ class _TableVBaseline(FederatedStrategy):
         self.l_max = max(lips.values())
         self.on_register()
         if c.recal_epsilon > 0:
-            self.sigma1 = baseline_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, self.delta_sens)
+            try:
+                self.sigma1 = baseline_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, self.delta_sens)
+            except zcdp.CalibrationOverflowError as err:  # needs L_max, so only known after registration
+                raise ConfigError(f"run config key 'recal-epsilon' ({c.recal_epsilon:g}) cannot be met: {err}") from None
         self.registered = True
         log(INFO, "registered %d agents: L_max=%.4g step=%.4g Delta=%.4g xi=%d sigma_1=%.4g", c.num_clients,
             self.l_max, self.step_size(), self.delta_sens, self.xi_plan, self.sigma1)
