@@ -100,23 +100,29 @@ class RoundFailed(FederationError):
         super().__init__(f"round {server_round}: {cause}: {quote_errors(self.errors)}")
 
 
-_FLOWER_REASON = re.compile(r"^<class '(?P<type>[\w.]+)'>:<'(?P<msg>.*)'>$", re.DOTALL)
+_FLOWER_REASON = re.compile(r"^<class '(?P<type>[^']+)'>:<'(?P<msg>.*)'>$", re.DOTALL)
 _FLOWER_WRAPPER = "Exception ClientAppException occurred. Message: "
 
 
 def client_error_text(reason: str) -> str:
     """A client's error reply as ``Type: message``, whichever engine carried it.
 
-    Our ClientApp replies with that text already; a ClientApp exception that Flower caught itself arrives as
-    ``<class 'ValueError'>:<'message'>`` (deployment) or wrapped in Flower's ClientAppException (simulation).
+    Our ClientApp replies with that text already. A ClientApp exception that Flower caught itself arrives as
+    ``<class 'ValueError'>:<'message'>`` (deployment), or, in the simulation, wrapped in Flower's
+    ClientAppException and Ray's RayTaskError with the whole traceback in the text: the message is then the text
+    after Flower's last "Message: " marker, and its type the traceback line that states it.
     """
-    m = _FLOWER_REASON.match(reason.strip())
+    text = reason.strip()
+    if _FLOWER_WRAPPER in text:
+        msg = text.rsplit(_FLOWER_WRAPPER, 1)[1].strip()
+        msg = msg[:-2].rstrip() if msg.endswith("'>") else msg
+        first = msg.splitlines()[0] if msg else ""
+        stated = re.search(r"^([A-Za-z_][\w.]*): " + re.escape(first), text, re.MULTILINE) if first else None
+        return f"{stated.group(1).rsplit('.', 1)[-1]}: {msg}" if stated else msg
+    m = _FLOWER_REASON.match(text)
     if m is None:
-        return reason.strip()
-    kind, msg = m.group("type").rsplit(".", 1)[-1], m.group("msg").strip()
-    if _FLOWER_WRAPPER in msg:
-        return msg.split(_FLOWER_WRAPPER, 1)[1].strip()
-    return f"{kind}: {msg}"
+        return text
+    return f"{m.group('type').rsplit('.', 1)[-1]}: {m.group('msg').strip()}"
 
 
 class RoundBookkeeping:

@@ -131,7 +131,8 @@ class DPRECAL(FederatedStrategy):
                 self.sigma1 = zcdp.calibrate_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, alpha_max,
                                                     self.beta, l_max)
             except zcdp.CalibrationOverflowError as err:  # needs L_max, so only known after registration
-                raise ConfigError(f"run config key 'recal-epsilon' ({c.recal_epsilon:g}) cannot be met: {err}") from None
+                raise ConfigError(f"run config keys 'recal-epsilon' ({c.recal_epsilon:g}) and 'recal-r' ({c.recal_r:g}) "
+                                  f"cannot be met over xi_plan = {self.xi_plan} activations: {err}") from None
         self.first_holder = topology.start_agent(self.graph, c.walk_start, c.seed)
         self.holder = self.first_holder
         log(INFO, "registered %d agents: alpha_max=%.4g L_max=%.4g Delta=%.4g xi_plan=%d sigma_1=%.4g start=%d",

@@ -168,7 +168,8 @@ class _TableVBaseline(FederatedStrategy):
             try:
                 self.sigma1 = baseline_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, self.delta_sens)
             except zcdp.CalibrationOverflowError as err:  # needs L_max, so only known after registration
-                raise ConfigError(f"run config key 'recal-epsilon' ({c.recal_epsilon:g}) cannot be met: {err}") from None
+                raise ConfigError(f"run config keys 'recal-epsilon' ({c.recal_epsilon:g}) and 'recal-r' ({c.recal_r:g}) "
+                                  f"cannot be met over xi_plan = {self.xi_plan} activations: {err}") from None
         self.registered = True
         log(INFO, "registered %d agents: L_max=%.4g step=%.4g Delta=%.4g xi=%d sigma_1=%.4g", c.num_clients,
             self.l_max, self.step_size(), self.delta_sens, self.xi_plan, self.sigma1)
