@@ -78,6 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             if failed.get("status") == "failed":
                 raise RunFailed(f"run {err.run.run_id if err.run else '?'} {err.run.status if err.run else 'failed'}: "
                                 f"{failed.get('error')}", results, len(failed["rounds"])) from err
+        details = str(err.run.details.get("status-details", "")) if err.run is not None else ""
+        marker = "invalid run config: "  # the ServerApp refused the config before round 1 (fedapp/server_app.py)
+        if marker in details:
+            raise ConfigError(f"run {err.run.run_id if err.run else '?'} refused: {details.split(marker, 1)[1]}") from err
         raise
     print(f"run {res.run_id}: {res.status}; results in {res.results}")
     return 0

@@ -92,6 +92,46 @@ def test_a_round_without_an_accepted_reply_stops_the_run_and_keeps_the_rounds_th
     assert (tmp_path / "model.npy").is_file()
 
 
+@pytest.mark.parametrize("algorithm", ["bsdp-fedpdm", "flwr-fedavg"])
+def test_through_flowers_message_api_the_client_error_reply_stops_the_run(
+    algorithm: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No engine: our ClientApp called as Flower calls it, the replies handed to the strategy's aggregate_train.
+
+    The ClientApp answers a failure with an error reply (it does not raise, so Flower logs no traceback per
+    client), and both our strategies and Flower's built-in FedAvg stop the run on a round without an accepted reply.
+    """
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedapp.client_app import app
+    from fedapp.strategy_base import RoundFailed
+
+    for attr in ("_run_id", "_node_id", "_task_id"):  # what the ServerApp runtime would set
+        monkeypatch.setattr(TaskIdentity, attr, 0)
+
+    class StubGrid:
+        def get_node_ids(self) -> list[int]:
+            return list(range(4))
+
+    cfg = parse_run_config({**PDM, "algorithm": algorithm, "batch-size": 1_000_000_000})
+    strategy = build_strategy(cfg, evaluate=False)
+    contexts = make_contexts(cfg)
+    if algorithm != "flwr-fedavg":  # Flower's FedAvg samples node ids itself
+        strategy.attach({p: p for p in contexts})
+    msgs = list(strategy.configure_train(1, ArrayRecord([strategy.x.astype(np.float32)]), ConfigRecord(),
+                                         StubGrid()))  # type: ignore[arg-type]
+    for m in msgs:
+        m.metadata.__dict__["_message_id"] = f"m{m.metadata.dst_node_id}"  # what the Grid would assign on sending
+    replies = [app(m, contexts[m.metadata.dst_node_id]) for m in msgs]
+    assert replies and all(r.has_error() for r in replies)
+    assert replies[0].error.reason.startswith("ValueError: q = steps*batch/n_local = ")
+    with pytest.raises(RoundFailed) as info:
+        strategy.aggregate_train(1, replies)
+    n = len(msgs)
+    assert str(info.value).startswith(f'round 1: no reply accepted ({n} of {n} rejected): {n}x "ValueError: q = ')
+
+
 def test_quoting_groups_errors_that_differ_only_in_numbers() -> None:
     from fedapp.strategy_base import quote_errors
 
