@@ -132,6 +132,23 @@ def test_through_flowers_message_api_the_client_error_reply_stops_the_run(
     assert str(info.value).startswith(f'round 1: no reply accepted ({n} of {n} rejected): {n}x "ValueError: q = ')
 
 
+def test_fedrep_round_whose_proposals_are_all_rejected_stops_the_run() -> None:
+    """The rule counts every phase: when no proposal is accepted FedREP sends no train message at all."""
+    from fedapp.strategy_base import RoundFailed
+
+    cfg = parse_run_config({"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5",
+                            "num-clients": 2, "clients-per-round": 2, "num-server-rounds": 1, "buffer-size": 2,
+                            "samples-per-client": 50})
+    strategy = build_strategy(cfg, evaluate=False)
+    strategy.attach({0: 0, 1: 1})
+    strategy.begin_round(1)
+    strategy.consume_pre_train(1, [(node, "RuntimeError: no key") for node, _, _ in strategy.pre_train_contents(1)])
+    assert strategy.train_contents(1) == []
+    with pytest.raises(RoundFailed, match=r'^round 1: no reply accepted \(2 of 2 rejected\): 2x "propose: RuntimeError: '
+                                          r'no key"$'):
+        strategy.consume_replies(1, [])
+
+
 def test_quoting_groups_errors_that_differ_only_in_numbers() -> None:
     from fedapp.strategy_base import quote_errors
 
