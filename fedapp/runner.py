@@ -105,17 +105,17 @@ def check_out_dir(out: Path) -> None:
     for fs in PSEUDO_FILESYSTEMS:
         if out == fs or fs in out.parents:
             raise ConfigError(f"{where}, inside {fs}, a kernel pseudo-filesystem; choose a directory on disk")
-    existing = out
-    while not existing.exists():  # the nearest existing ancestor (the root always exists)
-        existing = existing.parent
-    if not existing.is_dir():
-        what = "is a file" if existing == out else f"is inside {str(existing)!r}, which is a file"
-        raise ConfigError(f"{where}: it {what}, not a directory")
-    for name in OUTPUT_FILES:
-        target = out / name
-        if target.exists() and not target.is_file():
-            raise ConfigError(f"{where}: {name} there exists and is not a regular file, so it cannot be replaced")
-    try:
+    try:  # stat() itself can fail (a directory we may not search): that is an unwritable location too
+        existing = out
+        while not existing.exists():  # the nearest existing ancestor (the root always exists)
+            existing = existing.parent
+        if not existing.is_dir():
+            what = "is a file" if existing == out else f"is inside {str(existing)!r}, which is a file"
+            raise ConfigError(f"{where}: it {what}, not a directory")
+        for name in OUTPUT_FILES:
+            target = out / name
+            if target.exists() and not target.is_file():
+                raise ConfigError(f"{where}: {name} there exists and is not a regular file, so it cannot be replaced")
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".fedapp-write-check-"):
             pass

@@ -3,8 +3,9 @@
 A subclass supplies the algorithm's server side (initial model, per-client payload, decoding and
 aggregation); this base does what every algorithm needs the same way: learning which node holds which partition
 (`query.whoami`), seeded client sampling, message construction, rejection of malformed replies (logged with the
-node id; the round goes on with the rest), byte counting from the serialized records, central evaluation,
-privacy bookkeeping and the per-round history that becomes results.json.
+node id; the round goes on with the rest, and a round with none accepted stops the run: RoundFailed), byte
+counting from the serialized records, central evaluation, privacy bookkeeping and the per-round history that
+becomes results.json.
 
 The in-process driver (simulations/inprocess.py) calls `train_contents` / `consume_replies` / `evaluate_round`
 directly with the same RecordDicts, so both drivers run the same code.
