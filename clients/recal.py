@@ -127,8 +127,8 @@ class RecalClient(FedClient):
         loss = self.local.value(res.state.y)
         if not (math.isfinite(loss) and all(np.all(np.isfinite(a)) for a in out)):
             # Checked before the state is saved, so the server's retry finds the agent as it was.
-            cause = (f"with noise std sigma = {res.sigma:.3g}: lower recal-sigma1 or raise recal-epsilon" if res.sigma > 0
-                     else "without noise")
+            cause = ("without noise" if res.sigma <= 0
+                     else f"with noise std sigma = {res.sigma:.3g}: lower recal-sigma1 or raise recal-epsilon")
             raise ValueError(f"agent {self.partition_id}: activation {res.state.tau} overflowed float64 (local loss "
                              f"{loss:.3g}) {cause}")
         rho = ledger.record(res.sigma) if res.sigma > 0 and ledger.sensitivity > 0 else 0.0

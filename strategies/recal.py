@@ -114,7 +114,8 @@ class DPRECAL(FederatedStrategy):
         for node_id, content in replies:
             pid = self.pid_of.get(node_id)
             if isinstance(content, str) or pid is None:
-                self._reject(server_round, node_id, client_error_text(content) if isinstance(content, str) else "unknown node")
+                why = client_error_text(content) if isinstance(content, str) else "unknown node"
+                self._reject(server_round, node_id, why)
                 continue
             self.count_up(content)
             info[pid] = {k: float(v) for k, v in content.metric_records["metrics"].items() if isinstance(v, int | float)}

@@ -151,7 +151,8 @@ class _TableVBaseline(FederatedStrategy):
         for node_id, content in replies:
             pid = self.pid_of.get(node_id)
             if isinstance(content, str) or pid is None:
-                self._reject(server_round, node_id, client_error_text(content) if isinstance(content, str) else "unknown node")
+                why = client_error_text(content) if isinstance(content, str) else "unknown node"
+                self._reject(server_round, node_id, why)
                 continue
             self.count_up(content)
             value = content.metric_records["metrics"].get("L")

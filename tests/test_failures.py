@@ -328,7 +328,8 @@ def test_results_that_cannot_be_written_at_the_end_go_to_a_temporary_directory(
     assert any(f"could not write the results to {out}" in r.getMessage() and str(path.parent) in r.getMessage()
                for r in caplog.records)
     saved = json.loads(path.read_text())
-    assert saved == doc and saved["status"] == "completed" and len(saved["rounds"]) == 2 and saved["config"]["out-dir"] == str(path.parent)
+    assert saved == doc and saved["status"] == "completed" and len(saved["rounds"]) == 2
+    assert saved["config"]["out-dir"] == str(path.parent)
     np.testing.assert_array_equal(np.load(path.parent / "model.npy"), strategy.global_model())
 
 

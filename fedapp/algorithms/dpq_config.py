@@ -140,8 +140,9 @@ def validate_config(cfg: RunConfig) -> None:
                 raise ConfigError(
                     f"run config keys 'dpq-sigma-exp' ({cfg.dpq_sigma_exp:g}), 'dpq-sigma-scale' "
                     f"({cfg.dpq_sigma_scale:g}) and 'dpq-q-step' ({cfg.dpq_q_step:g}) give a noise std sigma_{k} = "
-                    f"{sig:.3g}, that is {sig / cfg.dpq_q_step:.3g} quantizer steps, beyond the int64 levels of the wire "
-                    "format (2^63 = 9.2e+18): every message would fail to quantize; lower the noise or raise dpq-q-step"
+                    f"{sig:.3g}, that is {sig / cfg.dpq_q_step:.3g} quantizer steps, beyond the int64 levels of the "
+                    "wire format (2^63 = 9.2e+18): every message would fail to quantize; lower the noise or raise "
+                    "dpq-q-step"
                 )
     try:
         params(cfg)
