@@ -89,11 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """The README's main job: BSDP-FedPDM on MNIST through Flower's simulation engine."""
+    from fedapp.runner import prepare_out_dir
     from simulations.flower_driver import run_flower
 
     overrides = parse_set(args.set or [])
     cfg = parse_run_config(overrides)
-    out = Path(args.out)
+    out = prepare_out_dir(cfg, args.out)  # '' means the default under outputs/, never the current directory
     t0 = time.time()
     print(f"[quickstart] {cfg.algorithm} on {cfg.dataset}: N={cfg.num_clients}, K={cfg.clients_per_round}, "
           f"{cfg.num_server_rounds} rounds, Flower simulation engine (first run starts a local SuperLink)", flush=True)
