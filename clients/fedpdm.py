@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from fedapp.algorithms.fedpdm import local_update, step_size
 from fedapp.client_base import FedClient
-from fedapp.compression.codec import decode_vector
+from fedapp.compression.codec import FLOAT32_MAX, decode_vector
 from fedapp.compression.payload import FORMAT_KEY, from_arrays
 from fedapp.privacy.gaussian import fedpdm_sensitivity
 
@@ -41,6 +41,10 @@ class FedPDMClient(FedClient):
             batch_size=cfg.batch_size, max_steps=cfg.max_local_steps, clip=cfg.clip_norm if cfg.dp else None,
             rng=self.rng(server_round),
         )
+        largest = float(np.max(np.abs(res.y)))
+        if not largest <= FLOAT32_MAX:  # NaN fails this too
+            raise ValueError(f"local training diverged: |y| reached {largest:.3g} (float32 range {FLOAT32_MAX:.3g}) "
+                             f"after {res.steps} step(s) of size eta = {eta:g}; lower eta0 ({cfg.eta0:g})")
         self.save_vector(DUAL, res.dual)
         idx = self.uplink_indices(res.y, server_round)  # (18)
         values, metrics = self.release(

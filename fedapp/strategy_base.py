@@ -3,8 +3,9 @@
 A subclass supplies the algorithm's server side (initial model, per-client payload, decoding and
 aggregation); this base does what every algorithm needs the same way: learning which node holds which partition
 (`query.whoami`), seeded client sampling, message construction, rejection of malformed replies (logged with the
-node id; the round goes on with the rest), byte counting from the serialized records, central evaluation,
-privacy bookkeeping and the per-round history that becomes results.json.
+node id; the round goes on with the rest, and a round with none accepted stops the run: RoundFailed), byte
+counting from the serialized records, central evaluation, privacy bookkeeping and the per-round history that
+becomes results.json.
 
 The in-process driver (simulations/inprocess.py) calls `train_contents` / `consume_replies` / `evaluate_round`
 directly with the same RecordDicts, so both drivers run the same code.
@@ -13,10 +14,12 @@ directly with the same RecordDicts, so both drivers run the same code.
 from __future__ import annotations
 
 import math
+import re
 import time
 from abc import abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -41,7 +44,86 @@ WHOAMI = "query.whoami"
 
 
 class FederationError(RuntimeError):
-    """The connected nodes do not form the federation the run config asks for."""
+    """The federation cannot go on: the connected nodes do not form the one the run config asks for, or a round
+    got none of the replies it needs."""
+
+
+#: distinct client errors quoted in a RoundFailed message (the rest are counted, not quoted)
+QUOTED_ERRORS = 3
+#: longest client error quoted verbatim
+QUOTED_ERROR_CHARS = 300
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def quote_errors(errors: Mapping[str, int], limit: int = QUOTED_ERRORS) -> str:
+    """``30x "q = ..."; 2x "..."``: the most frequent distinct errors, then how many others were left out.
+
+    Errors that differ only in their numbers (each client's own step count or norm) count as one, quoted by its
+    most frequent text, so that 100 clients failing the same way make one quote, not 100.
+    """
+    if not errors:
+        return "no reply arrived"
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for text, count in errors.items():
+        groups.setdefault(_NUMBER.sub("#", text), []).append((text, count))
+    ranked = sorted(groups.values(), key=lambda g: (-sum(c for _, c in g), min(t for t, _ in g)))
+    parts = []
+    for group in ranked[:limit]:
+        text = max(group, key=lambda tc: (tc[1], tc[0]))[0]
+        short = text if len(text) <= QUOTED_ERROR_CHARS else text[: QUOTED_ERROR_CHARS - 3] + "..."
+        variants = f" ({len(group)} variants differing in numbers)" if len(group) > 1 else ""
+        parts.append(f'{sum(c for _, c in group)}x "{short}"{variants}')
+    rest = ranked[limit:]
+    if rest:
+        parts.append(f"and {len(rest)} other distinct error(s) ({sum(c for g in rest for _, c in g)}x)")
+    return "; ".join(parts)
+
+
+class RoundFailed(FederationError):
+    """A round ended without the replies the algorithm needs, so the run stops; the rounds before it are kept.
+
+    Parameters
+    ----------
+    server_round
+        The round that failed.
+    cause
+        What went wrong, e.g. "no reply accepted (30 of 30 rejected)".
+    errors
+        Why the replies were rejected: distinct reason -> count (quoted, most frequent first).
+    """
+
+    def __init__(self, server_round: int, cause: str, errors: Mapping[str, int]) -> None:
+        self.server_round = server_round
+        self.cause = cause
+        self.errors = dict(errors)
+        super().__init__(f"round {server_round}: {cause}: {quote_errors(self.errors)}")
+
+
+_FLOWER_REASON = re.compile(r"^<class '(?P<type>[^']+)'>:<'(?P<msg>.*)'>$", re.DOTALL)
+_FLOWER_WRAPPER = "Exception ClientAppException occurred. Message: "
+
+
+def client_error_text(reason: str) -> str:
+    """A client's error reply as ``Type: message``, whichever engine carried it.
+
+    Our ClientApp replies with that text already. A ClientApp exception that Flower caught itself arrives as
+    ``<class 'ValueError'>:<'message'>`` (deployment), or, in the simulation, wrapped in Flower's
+    ClientAppException and Ray's RayTaskError with the whole traceback in the text: the message is then the text
+    after Flower's last "Message: " marker, and its type the traceback line that states it.
+    """
+    text = reason.strip()
+    if _FLOWER_WRAPPER in text:
+        msg = text.rsplit(_FLOWER_WRAPPER, 1)[1].strip()
+        msg = msg[:-2].rstrip() if msg.endswith("'>") else msg
+        first = msg.splitlines()[0] if msg else ""
+        stated = re.search(r"^([A-Za-z_][\w.]*): " + re.escape(first), text, re.MULTILINE) if first else None
+        return f"{stated.group(1).rsplit('.', 1)[-1]}: {msg}" if stated else msg
+    m = _FLOWER_REASON.match(text)
+    if m is None:
+        return text
+    return f"{m.group('type').rsplit('.', 1)[-1]}: {m.group('msg').strip()}"
 
 
 class RoundBookkeeping:
@@ -66,10 +148,64 @@ class RoundBookkeeping:
         self.privacy: dict[int, dict[str, float]] = {}
         self.rejected_total = 0
         self._acc: dict[str, Any] = {}
+        self._unanswered_rounds = 0  # consecutive rounds without an accepted reply
+        self._unanswered_errors: Counter[str] = Counter()
+
+    #: consecutive rounds without an accepted reply tolerated before the run stops (DP-RECAL retries the holder once)
+    retries_without_reply = 0
 
     def global_model(self) -> FloatArray:
         """The model evaluated centrally."""
         raise NotImplementedError
+
+    @property
+    def current_round(self) -> int | None:
+        """The round in progress (or last begun); None before round 1."""
+        rnd = self._acc.get("round")
+        return int(rnd) if rnd is not None else None
+
+    def round_errors(self) -> Counter[str]:
+        """This round's rejection reasons so far (distinct text -> count)."""
+        errors: Counter[str] = self._acc.setdefault("errors", Counter())
+        return errors
+
+    def round_failed(self, server_round: int, cause: str) -> RoundFailed:
+        """The error that stops the run in this round, quoting the round's rejection reasons."""
+        return RoundFailed(server_round, cause, self.round_errors())
+
+    def no_reply_cause(self, server_round: int, expected: int, failed: int, attempts: int) -> str:
+        """How ``attempts`` consecutive rounds without an accepted reply are described (DP-RECAL names the holder)."""
+        again = f" in {attempts} rounds in a row" if attempts > 1 else ""
+        return f"no reply accepted ({failed} of {expected} rejected){again}"
+
+    def check_round_accepted(self, server_round: int, accepted: int, sent: int, missing: int = 0) -> None:
+        """The one stop rule of every strategy: a round in which no reply was accepted stops the run.
+
+        Going on would repeat the round with the same model and the same clients, which fail the same way, and the
+        run would end "completed" with an untrained model. ``sent`` counts the round's train messages and
+        ``missing`` those that got no reply; rejections of an earlier phase (FedREP's proposals) are in
+        :meth:`round_errors`. A round that sent nothing and rejected nothing (DP-RECAL after its budget stop) is not
+        a failure. ``retries_without_reply`` consecutive failed rounds are tolerated; the error then quotes the
+        rejection reasons of all of them.
+        """
+        if accepted:
+            self._unanswered_rounds = 0
+            self._unanswered_errors.clear()
+            return
+        errors = self.round_errors()
+        if missing > 0:
+            errors["no reply (timed out or lost)"] += missing
+        if not sent and not errors:
+            return
+        self._unanswered_rounds += 1
+        self._unanswered_errors.update(errors)
+        failed = sum(errors.values())
+        cause = self.no_reply_cause(server_round, max(sent, failed), failed, self._unanswered_rounds)
+        if self._unanswered_rounds <= self.retries_without_reply:
+            log(WARNING, "round %d: %s; retrying (%d of %d)", server_round, cause, self._unanswered_rounds,
+                self.retries_without_reply)
+            return
+        raise RoundFailed(server_round, cause, self._unanswered_errors)
 
     def record_privacy(self, client: int, metrics: Mapping[str, Any]) -> None:
         """Keep a client's latest cumulative privacy figures (clients not sampled keep theirs)."""
@@ -274,15 +410,17 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
     def _reject(self, server_round: int, node_id: int, why: str) -> None:
         self._acc["rejected"] += 1
         self.rejected_total += 1
+        self.round_errors()[why] += 1
         log(WARNING, "round %d: rejected reply from node %s: %s", server_round, node_id, why)
 
     def consume_replies(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> MetricRecord:
-        """Validate, decode and aggregate the replies; a bad reply is logged and skipped, never fatal."""
+        """Validate, decode and aggregate the replies; a bad reply is logged and skipped, but a round in which none
+        is accepted stops the run (:meth:`check_round_accepted` raises :class:`RoundFailed`)."""
         updates: dict[int, Any] = {}
         metrics: dict[int, dict[str, Any]] = {}
         for node_id, content in replies:
             if isinstance(content, str):
-                self._reject(server_round, node_id, f"client error: {content}")
+                self._reject(server_round, node_id, client_error_text(content))
                 continue
             pid = self.pid_of.get(node_id)
             if pid is None:
@@ -307,11 +445,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         missing = self._acc["sent"] - len(replies)
         if missing > 0:
             log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)
-        diag: dict[str, float] = {}
-        if updates:
-            diag = self.aggregate(server_round, updates, metrics)
-        else:
-            log(ERROR, "round %d: no valid reply; the global model is unchanged", server_round)
+        self.check_round_accepted(server_round, len(updates), self._acc["sent"], max(missing, 0))
+        diag = self.aggregate(server_round, updates, metrics) if updates else {}
         for pid, m in metrics.items():
             self.record_privacy(pid, m)
         self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}

@@ -18,7 +18,8 @@ How these differ from our ``fedavg`` / ``fedprox`` keys (all Flower's behaviour,
 * dense only (no sparse variants); federated evaluation is off (fraction_evaluate = 0), the server evaluates
   the global model centrally like ours;
 * under ``dp`` the clients add their noise as in ``fedavg`` / ``fedprox``; the privacy metrics are collected per
-  node id. A reply with an error counts as rejected; malformed content is Flower's to handle (it raises).
+  node id. A reply with an error counts as rejected, and a round without a reply that is not an error stops the
+  run (:class:`fedapp.strategy_base.RoundFailed`, as for ours); malformed content is Flower's to handle (it raises).
 
 They need a Flower Grid: the in-process driver (simulations/inprocess.py) cannot run them, and ``attach`` /
 ``train_contents`` raise :class:`FlowerOnlyError` there.
@@ -40,7 +41,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.sampling import STREAM_INIT, rng_for
-from fedapp.strategy_base import RoundBookkeeping
+from fedapp.strategy_base import RoundBookkeeping, client_error_text
 from fedapp.task import Evaluator, build_model
 from fedapp.wire import recorddict_nbytes
 
@@ -100,9 +101,10 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
     # ------------------------------------------------------------------ byte counting around Flower's methods
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Flower's messages, unchanged; counts their serialized size as the round's downlink bytes."""
-        self._acc = {"t0": time.perf_counter(), "up": 0, "down": 0}
+        self._acc = {"t0": time.perf_counter(), "up": 0, "down": 0, "round": server_round}
         messages = list(super().configure_train(server_round, arrays, config, grid))
         self._acc["down"] = sum(recorddict_nbytes(m.content) for m in messages)
+        self._acc["sent"] = len(messages)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -110,6 +112,10 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         replies = list(replies)
         ok = [r for r in replies if not r.has_error()]
         self.rejected_total += len(replies) - len(ok)
+        for r in replies:
+            if r.has_error():
+                self.round_errors()[client_error_text(str(r.error.reason))] += 1
+        self.check_round_accepted(server_round, len(ok), self._acc["sent"], max(self._acc["sent"] - len(replies), 0))
         self._acc["up"] = sum(recorddict_nbytes(r.content) for r in ok)
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedapp.aggregation import elementwise_mean, prox_l1
-from fedapp.compression.codec import SparseVector
+from fedapp.compression.codec import FLOAT32_MAX, SparseVector
 from fedapp.models.base import FloatArray, SmoothObjective
 
 
@@ -112,3 +112,20 @@ def server_update(uploads: list[SparseVector], dim: int, gamma: float, rho: floa
     """
     mean, counts = elementwise_mean(uploads, dim)
     return prox_l1(mean, gamma, rho), counts
+
+
+def validate_config(cfg: Any) -> None:
+    """DP-FedPDM / BSDP-FedPDM run-config rules (raise ConfigError naming the key), checked before any round.
+
+    The server's prox (12) soft-thresholds the mean of the uploads at gamma/rho. The uploads are float32 on the
+    wire, so their mean is at most FLOAT32_MAX in magnitude: a threshold at or beyond it (or one that overflows,
+    e.g. rho = 1e-300 with a large gamma) sets every coordinate to 0 in every round, and the model never moves.
+    """
+    from fedapp.config import ConfigError
+
+    if cfg.gamma > 0 and not cfg.gamma / cfg.rho < FLOAT32_MAX:
+        raise ConfigError(
+            f"run config key 'rho' ({cfg.rho:g}) with 'gamma' ({cfg.gamma:g}) makes the l1 prox threshold gamma/rho = "
+            f"{cfg.gamma / cfg.rho:.3g}, beyond the float32 range of the uploads ({FLOAT32_MAX:.3g}): the prox (12) "
+            "would set every coordinate to 0 in every round; raise rho or lower gamma"
+        )
