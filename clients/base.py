@@ -33,9 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from numpy.typing import NDArray
 
 from fedapp.layout import FloatArray
@@ -306,13 +307,18 @@ def register(app: ClientApp, client_fn: Callable[[Context], FedClient], actions:
 
     ``client_fn(context)`` builds the client; with ``cache_size > 0`` it is called once per node and process and
     the client is re-bound to each message's Context (all round-to-round state is in ``context.state``).
-    Exceptions become Flower error replies, which the strategy logs with the node id and counts.
+    An exception becomes a Flower error reply whose reason is ``"<Type>: <message>"`` (no remote traceback), which
+    the strategy logs with the node id, counts, and quotes if the round fails.
     """
     cache = _ClientCache(client_fn, cache_size)
 
     def make(mtype: str) -> Callable[[Message, Context], Message]:
         def answer(msg: Message, context: Context) -> Message:
-            return Message(cache.get(context).handle(mtype, msg.content), reply_to=msg)
+            try:
+                return Message(cache.get(context).handle(mtype, msg.content), reply_to=msg)
+            except Exception as err:  # the message's failure, reported to the server as "<Type>: <message>"
+                return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
+                               reply_to=msg)
 
         answer.__name__ = mtype.replace(".", "_")
         return answer

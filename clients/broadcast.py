@@ -36,7 +36,7 @@ from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
 from clients.base import DIM_KEY, FedClient, MessageConfig
-from fedapp.compression.codec import SparseVector, decode_vector, encode_dense, encode_sparse
+from fedapp.compression.codec import FLOAT32_MAX, SparseVector, decode_vector, encode_dense, encode_sparse
 from fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
 from fedapp.compression.sparsify import rand_k, top_k
 from fedapp.layout import ArrayLayout, FloatArray
@@ -158,6 +158,12 @@ class BroadcastClient(FedClient):
         q = data_fraction(steps, batch_size, self.num_examples)
         eps_round = per_round_epsilon_eq36(eps_total, c0, q, p, horizon, q_power=q_power)
         sigma = gaussian_noise_std(sensitivity, eps_round, delta)
+        if not sigma < FLOAT32_MAX:  # the noisy upload would be inf on the float32 wire: say what set sigma
+            raise ValueError(
+                f"DP noise std sigma = {sigma:.3g} is beyond the float32 range of the upload ({FLOAT32_MAX:.3g}): "
+                f"sensitivity {sensitivity:.3g} (clip_norm {self.clip(cfg) or 0:g}, {steps} local step(s)) over the "
+                f"per-round epsilon {eps_round:.3g} (epsilon {eps_total:g}, q = {q:.3g}, delta {delta:g}): lower the "
+                "privacy calibration's clip_norm or raise its epsilon")
         ledger = self.load_ledger(delta)
         ledger.record(eps_round, sigma / sensitivity if sensitivity > 0 else 0.0)
         eps_rdp = ledger.rdp_epsilon(delta)
@@ -182,6 +188,11 @@ class BroadcastClient(FedClient):
         shapes and dtypes as received) with no format code, so the plain strategy can aggregate it.
         """
         d = self.model.dim
+        largest = float(np.max(np.abs(values))) if len(values) else 0.0
+        if not largest <= FLOAT32_MAX:
+            raise ValueError(f"the upload has values up to {largest:.3g}, beyond the float32 range of the wire format "
+                             f"({FLOAT32_MAX:.3g}): the local update diverged (lower the step size) or the noise "
+                             "overflowed")
         if len(idx) < d:
             return to_arrays(encode_sparse(SparseVector(indices=idx, values=values, dim=d)))
         if self._plain is not None:

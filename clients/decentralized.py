@@ -140,7 +140,8 @@ class SyncAgentClient(AgentClient):
         k = cfg.integer("server-round", lo=1)
         if cfg.integer(MSG_ROUND) != k - 1:
             raise ValueError(f"round {k} must carry round {k - 1}'s messages, got round {cfg.config[MSG_ROUND]}'s")
-        senders = self.neighbours(cfg) if k > 1 else []
+        neighbours = self.neighbours(cfg)  # checked in every round, the first included
+        senders = neighbours if k > 1 else []
         per = self.message_arrays
         if len(parameters) != per * len(senders):
             raise ValueError(f"{len(senders)} senders x {per} array(s) expected, got {len(parameters)} arrays")

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from clients.base import MessageConfig
 from clients.broadcast import BroadcastClient, Fit
 from fedapp.algorithms.fedpdm import local_update
+from fedapp.compression.codec import FLOAT32_MAX
 from fedapp.privacy.gaussian import fedpdm_sensitivity
 
 DUAL = "fedpdm.dual"
@@ -69,8 +70,10 @@ class FedPDMClient(BroadcastClient):
             x0, dual, self.require_data(), self.model, eta=eta, rho=rho, nu=cfg.number("nu", lo=0.0),
             batch_size=b, max_steps=cfg.integer("max-steps", lo=1), clip=clip, rng=self.rng(server_round),
         )
-        if not (np.all(np.isfinite(res.y)) and np.all(np.isfinite(res.dual))):
-            raise ValueError(f"the local update diverged (non-finite y) at eta={eta}, rho={rho}: nothing is sent")
+        largest = float(np.max(np.abs(res.y)))
+        if not largest <= FLOAT32_MAX:  # NaN fails this too; nothing is sent, the dual is not saved
+            raise ValueError(f"local training diverged: |y| reached {largest:.3g} (float32 range {FLOAT32_MAX:.3g}) "
+                             f"after {res.steps} step(s) of size eta = {eta:g}; lower the strategy's eta0")
         self.save_vector(DUAL, res.dual)
         idx = self.uplink_indices(res.y, cfg, server_round)  # (18)
         sens = fedpdm_sensitivity(eta, rho, res.steps, clip) if clip is not None else 0.0

@@ -90,9 +90,11 @@ class IADMMClient(FedClient):
         k = int(meta["solves"])
         eps_b, delta_b = basic_composition(k, epsilon, delta)
         eps_a, delta_a = advanced_composition(k, epsilon, self.cfg.outp_delta, delta)
-        return {"eps_iter": epsilon, "delta_iter": delta, "eps_round": per_round * epsilon,
-                "eps_basic": eps_b, "delta_basic": delta_b, "eps_advanced": eps_a, "delta_advanced": delta_a,
-                "local_solves": k}
+        out = {"eps_iter": epsilon, "delta_iter": delta, "eps_round": per_round * epsilon,
+               "eps_basic": eps_b, "delta_basic": delta_b, "local_solves": k}
+        if math.isfinite(eps_a):  # e^epsilon overflowed: the bound is vacuous, and the server rejects inf metrics
+            out.update({"eps_advanced": eps_a, "delta_advanced": delta_a})
+        return out
 
     def finish(self, t: int, z_send: FloatArray, lam: FloatArray, start: FloatArray, meta: dict[str, Any],
                metrics: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:

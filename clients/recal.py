@@ -14,6 +14,7 @@ data partition is cached per process (it is a deterministic function of the run 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -122,11 +123,18 @@ class RecalClient(FedClient):
         rc = RecalConfig(n=self.problem.n, nu1=self.problem.nu1, nu2=self.problem.nu2, sigma1=float(config["sigma1"]),
                          R=float(config["R"]), mode=mode, noise_seed=cfg.noise_seed, beta=float(config["beta"]))
         res = dprecal_step(baton, state, self.local.grad, self.alpha, rc, self.partition_id)
+        out = [res.baton.x, res.baton.ut] + ([res.baton.u] if res.baton.u is not None else [])
+        loss = self.local.value(res.state.y)
+        if not (math.isfinite(loss) and all(np.all(np.isfinite(a)) for a in out)):
+            # Checked before the state is saved, so the server's retry finds the agent as it was.
+            cause = ("without noise" if res.sigma <= 0
+                     else f"with noise std sigma = {res.sigma:.3g}: lower recal-sigma1 or raise recal-epsilon")
+            raise ValueError(f"agent {self.partition_id}: activation {res.state.tau} overflowed float64 (local loss "
+                             f"{loss:.3g}) {cause}")
         rho = ledger.record(res.sigma) if res.sigma > 0 and ledger.sensitivity > 0 else 0.0
         self._save(res.state, ledger)
-        out = [res.baton.x, res.baton.ut] + ([res.baton.u] if res.baton.u is not None else [])
         metrics = {"agent_id": self.partition_id, "tau": res.state.tau, "sigma": res.sigma, "rho_step": rho,
-                   "rho_total": ledger.rho, "local_loss": self.local.value(res.state.y)}
+                   "rho_total": ledger.rho, "local_loss": loss}
         return out, self.local.m, metrics
 
     def evaluate(self, parameters: list[Any], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:

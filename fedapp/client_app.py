@@ -6,17 +6,23 @@
     query.<phase>    -> client.<phase>(parameters, config) -> (arrays, metrics)   (extra phases, e.g. FedREP's propose)
 
 `handle` is the whole client side of one message; the in-process driver calls it with the same RecordDicts.
+An exception in `handle` becomes an error reply whose reason is ``"<Type>: <message>"`` (see `answer`), which the
+server quotes when it stops a run (fedapp/strategy_base.py, RoundFailed).
 """
 
 from __future__ import annotations
 
+import traceback
 from functools import lru_cache
+from logging import ERROR
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 
-from fedapp.config import RunConfig, parse_run_config
+from fedapp.config import RunConfig, debug_enabled, parse_run_config
 from fedapp.registry import ALGORITHMS
 from fedapp.wire import reply_content
 
@@ -75,6 +81,28 @@ def handle(message_type: str, content: RecordDict, context: Context) -> RecordDi
     raise ValueError(f"unsupported message type {message_type!r}")
 
 
+def answer(message_type: str, content: RecordDict, context: Context) -> RecordDict | str:
+    """`handle`, or the text of its exception: ``"<Type>: <message>"``.
+
+    Every driver builds the error reason here, so the server quotes the same text from the in-process driver, the
+    simulation and a deployment. The node logs the traceback only with FEDAPP_DEBUG=1: otherwise a bad run config
+    would print one traceback per client per round, while the server's one line already names the cause.
+    """
+    try:
+        return handle(message_type, content, context)
+    except Exception as err:  # any client failure is this message's failure, reported to the server
+        if debug_enabled():
+            log(ERROR, "node %s: %s failed:\n%s", context.node_id, message_type, traceback.format_exc())
+        return f"{type(err).__name__}: {err}"
+
+
+def _reply(message_type: str, msg: Message, context: Context) -> Message:
+    out = answer(message_type, msg.content, context)
+    if isinstance(out, str):
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=out), reply_to=msg)
+    return Message(out, reply_to=msg)
+
+
 def cfg_name(client: Any) -> str:
     """The algorithm key a client was built for (for error messages)."""
     return str(client.cfg.algorithm)
@@ -83,28 +111,28 @@ def cfg_name(client: Any) -> str:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local training round."""
-    return Message(handle("train", msg.content, context), reply_to=msg)
+    return _reply("train", msg, context)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Federated evaluation of a dense model on the local partition."""
-    return Message(handle("evaluate", msg.content, context), reply_to=msg)
+    return _reply("evaluate", msg, context)
 
 
 @app.query("propose")
 def propose(msg: Message, context: Context) -> Message:
     """FedREP phase 1: local training, ConSpar coordinate proposal and a fresh secure-aggregation key."""
-    return Message(handle("query.propose", msg.content, context), reply_to=msg)
+    return _reply("query.propose", msg, context)
 
 
 @app.query("register")
 def register(msg: Message, context: Context) -> Message:
     """DP-RECAL's registration before iteration 1: initialise the agent's state, report L_i, alpha_i, m_i."""
-    return Message(handle("query.register", msg.content, context), reply_to=msg)
+    return _reply("query.register", msg, context)
 
 
 @app.query("whoami")
 def whoami(msg: Message, context: Context) -> Message:
     """Report partition-id / num-partitions."""
-    return Message(handle("query.whoami", msg.content, context), reply_to=msg)
+    return _reply("query.whoami", msg, context)

@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
 from numpy.typing import NDArray
 
-from fedapp.compression.codec import SparseVector, encode_dense, encode_sparse
+from fedapp.compression.codec import FLOAT32_MAX, SparseVector, encode_dense, encode_sparse
 from fedapp.compression.payload import to_arrays
 from fedapp.compression.sparsify import rand_k, resolve_k, top_k
 from fedapp.config import RunConfig
@@ -114,6 +114,13 @@ class FedClient(NumPyClient):
         p = cfg.clients_per_round / cfg.num_clients
         eps_round = per_round_epsilon_eq36(cfg.epsilon_total, cfg.c0, q, p, cfg.horizon, q_power=cfg.privacy_q_power)
         sigma = gaussian_noise_std(sensitivity, eps_round, cfg.delta)
+        if not sigma < FLOAT32_MAX:  # the noisy upload would be inf on the float32 wire: say which keys set sigma
+            raise ValueError(
+                f"DP noise std sigma = {sigma:.3g} is beyond the float32 range of the upload ({FLOAT32_MAX:.3g}): "
+                f"sensitivity {sensitivity:.3g} (clip-norm {cfg.clip_norm:g}, {steps} local step(s)) over the "
+                f"per-round epsilon {eps_round:.3g} (epsilon-total {cfg.epsilon_total:g}, q = {q:.3g}, delta "
+                f"{cfg.delta:g}); lower clip-norm or raise epsilon-total"
+            )
         noisy = add_gaussian_noise(values, sigma, self.rng(server_round, STREAM_NOISE))  # (11)/(19)
         ledger = self.load_ledger()
         ledger.record(eps_round, sigma / sensitivity)
@@ -132,7 +139,13 @@ class FedClient(NumPyClient):
         """Wire arrays and format code: the dense vector, or k values plus compact indices (sparse variants).
 
         A sparse upload that kept every coordinate (alpha_U = 1) goes dense: the index set carries nothing.
+        Raises ValueError for values that float32 cannot carry (the server would reject them as non-finite).
         """
+        largest = float(np.max(np.abs(values))) if len(values) else 0.0
+        if not largest <= FLOAT32_MAX:
+            raise ValueError(f"the upload has values up to {largest:.3g}, beyond the float32 range of the wire format "
+                             f"({FLOAT32_MAX:.3g}): the local update diverged (lower the step size) or the noise "
+                             "overflowed")
         if self.sparse_uplink and len(idx) < self.model.dim:
             return to_arrays(encode_sparse(SparseVector(indices=idx, values=values, dim=self.model.dim)))
         return to_arrays(encode_dense(values))

@@ -8,6 +8,7 @@ the key, before any round runs.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -20,6 +21,19 @@ DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10", "covtype", 
 
 class ConfigError(ValueError):
     """A run-config key is unknown or its value is invalid; the message names the key."""
+
+
+#: environment variable that asks for tracebacks (ServerApp, ClientApp, the simulations CLI also has --debug)
+DEBUG_ENV = "FEDAPP_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """True when FEDAPP_DEBUG is set to anything but "", "0" or "false": failures then log their traceback too.
+
+    Under `flwr run` the variable must be in the environment of the process that runs the app: for the local
+    simulation SuperLink that is the daemon's, so set it before the daemon starts (README, "When a run fails").
+    """
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false")
 
 
 def _positive(v: float) -> bool:
@@ -361,4 +375,4 @@ _RANGES = {
     "eval-every": ">= 1",
 }
 
-__all__ = ["ConfigError", "RunConfig", "known_keys", "parse_run_config"]
+__all__ = ["DEBUG_ENV", "ConfigError", "RunConfig", "debug_enabled", "known_keys", "parse_run_config"]

@@ -22,6 +22,7 @@ COMMON_KEYS = (
 )
 DP_KEYS = ("epsilon-total", "delta", "clip-norm", "c0", "privacy-q-power", "privacy-horizon")
 FEDPDM_KEYS = ("rho", "nu", "gamma")
+FEDPDM_CHECKS = "fedapp.apps.fedpdm:validate_config"
 SPARSE_KEYS = ("alpha-up", "alpha-down", "uplink-sparsifier")
 IADMM_KEYS = (
     "iadmm-epsilon", "iadmm-beta", "rho-schedule", "rho", "rho-c1", "rho-c2", "rho-period", "rho-max", "noise-seed",
@@ -160,10 +161,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "dp-fedpdm": AlgorithmSpec(
         "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", FEDPDM_KEYS,
         "DP federated primal-dual method (Alg. 1): duals on clients, Gaussian noise, l1 prox at the server", SEED000,
+        FEDPDM_CHECKS,
     ),
     "bsdp-fedpdm": AlgorithmSpec(
         "fedapp.apps.fedpdm:broadcast_strategy", "fedapp.apps.fedpdm:broadcast_client", FEDPDM_KEYS + SPARSE_KEYS,
-        "DP-FedPDM with bidirectional top-k / rand-k sparsification (Alg. 2)", SEED000,
+        "DP-FedPDM with bidirectional top-k / rand-k sparsification (Alg. 2)", SEED000, FEDPDM_CHECKS,
     ),
     # Baselines of seed 000 (Figs. 7-8); DP, l1 and sparsification treatment are ours (spec 6.4, A22).
     "fedavg": AlgorithmSpec(

@@ -1,4 +1,7 @@
-"""The results contract of DESIGN.md: one results.json per run (Flower or in-process) and a PNG plot beside it."""
+"""The results contract of DESIGN.md: one results.json per run (Flower or in-process) and a PNG plot beside it.
+
+Beyond DESIGN.md's keys a document carries ``"status"`` ("completed" or "failed") and, for a failed run, ``"error"``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 ENGINES = ("flower-simulation", "flower-deployment", "in-process")
+#: "completed": every round ran; "failed": the run stopped early, "error" says why and "rounds" holds those that ran
+STATUSES = ("completed", "failed")
 
 
 @dataclass
@@ -47,9 +52,13 @@ def _clean(obj: Any) -> Any:
 
 def build_results(
     *, algorithm: str, dataset: str, config: dict[str, Any], seed: int, rounds: list[RoundRecord], engine: str,
-    summary: dict[str, Any] | None = None,
+    summary: dict[str, Any] | None = None, error: str | None = None,
 ) -> dict[str, Any]:
-    """Assemble the results document; "final" repeats the last round's keys."""
+    """Assemble the results document; "final" repeats the last round's keys.
+
+    ``error`` None gives ``"status": "completed"``; a text gives ``"status": "failed"`` and ``"error": text``
+    (the rounds are then those that ran before the failure).
+    """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     rows = [r.to_json() for r in rounds]
@@ -61,14 +70,20 @@ def build_results(
         "rounds": rows,
         "final": rows[-1] if rows else {},
         "engine": engine,
+        "status": "completed" if error is None else "failed",
     }
+    if error is not None:
+        doc["error"] = error
     if summary:
         doc["summary"] = summary
     return _clean(doc)  # type: ignore[no-any-return]
 
 
 def write_results(doc: dict[str, Any], out_dir: str | os.PathLike[str], *, plot: bool = True) -> Path:
-    """Write out_dir/results.json (atomically) and out_dir/accuracy.png; return the json path."""
+    """Write out_dir/results.json (atomically) and out_dir/accuracy.png; return the json path.
+
+    Raises OSError when the json cannot be written; a plot that fails only costs the plot (logged).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
@@ -76,7 +91,14 @@ def write_results(doc: dict[str, Any], out_dir: str | os.PathLike[str], *, plot:
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(path)
     if plot:
-        plot_results([doc], out / "accuracy.png")
+        try:
+            plot_results([doc], out / "accuracy.png")
+        except Exception as err:  # the numbers are written; a plotting problem must not lose the run
+            from logging import WARNING
+
+            from flwr.common.logger import log
+
+            log(WARNING, "results written to %s, but the plot failed: %s: %s", path, type(err).__name__, err)
     return path
 
 

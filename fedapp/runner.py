@@ -1,16 +1,45 @@
-"""Build a run's strategy from the registry and turn its history into results.json + plot + summary."""
+"""Build a run's strategy from the registry and turn its history into results.json + plot + summary.
+
+Results are never lost once rounds have run: the output directory is checked before round 1
+(:func:`prepare_out_dir`), a run that stops early still writes results.json with ``"status": "failed"``
+(:func:`run_to_results`), and if the output directory fails at the end anyway the results go to a fresh temporary
+directory, and the log says where (:func:`finish`).
+"""
 
 from __future__ import annotations
 
+import tempfile
 import time
+from collections.abc import Callable
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.common.logger import log
 
-from fedapp.config import RunConfig
+from fedapp.compression.codec import FLOAT32_MAX
+from fedapp.config import ConfigError, RunConfig
 from fedapp.registry import ALGORITHMS
 from fedapp.results import build_results, write_results
+from fedapp.strategy_base import RoundFailed as LegacyRoundFailed
+from strategies.base import RoundFailed
+
+#: the files a run writes into its output directory
+OUTPUT_FILES = ("results.json", "accuracy.png", "model.npy")
+#: kernel pseudo-filesystems: a path there is not storage (writes fail, or change kernel settings)
+PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+class RunFailed(RuntimeError):
+    """The run stopped before its last round; ``results`` is the results.json (status "failed") of the rounds that
+    ran. The message is the one line that says why (for a :class:`~fedapp.strategy_base.RoundFailed`, the
+    clients' errors quoted)."""
+
+    def __init__(self, message: str, results: Path, rounds: int) -> None:
+        super().__init__(message)
+        self.results = results
+        self.rounds = rounds
 
 #: what each privacy figure in a results.json summary is (only the keys a run reports are echoed)
 ACCOUNTANT_DOCS = {
@@ -35,17 +64,80 @@ def accountant_docs(privacy: dict[str, float]) -> dict[str, str]:
 
 
 def build_strategy(cfg: RunConfig, *, evaluate: bool = True) -> Any:
-    """The configured algorithm's Strategy, holding its initial model and central evaluation on the test set."""
-    return ALGORITHMS[cfg.algorithm].make_strategy(cfg, evaluate=evaluate)
+    """The configured algorithm's Strategy, holding its initial model and central evaluation on the test set.
+
+    Raises ConfigError when the initial global model cannot be sent: every model travels as float32, so an entry
+    beyond FLOAT32_MAX (a huge init-std, the only key that scales x_0) would reach every client as inf.
+    """
+    strategy = ALGORITHMS[cfg.algorithm].make_strategy(cfg, evaluate=evaluate)
+    x0 = np.asarray(strategy.global_model(), dtype=np.float64)
+    largest = float(np.max(np.abs(x0))) if x0.size else 0.0
+    if not largest <= FLOAT32_MAX:
+        raise ConfigError(f"run config key 'init-std' ({cfg.init_std:g}) draws an initial model with entries up to "
+                          f"{largest:.3g}, beyond the float32 range of the wire format ({FLOAT32_MAX:.3g}): every "
+                          "client would receive inf; lower init-std")
+    return strategy
 
 
 def default_out_dir(cfg: RunConfig) -> Path:
-    """outputs/<algorithm>-<dataset>-<timestamp> under the current directory when out-dir is empty."""
-    return Path("outputs") / f"{cfg.algorithm}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``<cwd>/outputs/<algorithm>-<dataset>-<YYYYmmdd-HHMMSS>``, absolute, for an empty out-dir.
+
+    The working directory is the writing process's: the shell's for `python -m simulations`, the SuperLink's for
+    a ServerApp under `flwr run` (the run logs the absolute path at its start and end).
+    """
+    return Path.cwd() / "outputs" / f"{cfg.algorithm}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def finish(cfg: RunConfig, strategy: Any, engine: str, *, wall_s: float, out_dir: str | None = None) -> tuple[dict[str, Any], Path]:
-    """Write results.json, accuracy.png and model.npy; return the document and the json path."""
+def resolve_out_dir(cfg: RunConfig, out_dir: str | None = None) -> Path:
+    """The run's absolute output directory: ``out_dir`` (the CLI's --out), else the run config's out-dir, else
+    :func:`default_out_dir`. An empty string counts as not given (it used to mean the current directory)."""
+    raw = (out_dir or "").strip() or cfg.out_dir.strip()
+    return Path(raw).expanduser().resolve() if raw else default_out_dir(cfg)
+
+
+def check_out_dir(out: Path) -> None:
+    """Raise ConfigError naming out-dir unless results can be written into ``out`` (created if missing).
+
+    Run before round 1, so that a bad location costs nothing; it writes and removes one probe file.
+    """
+    where = f"run config key 'out-dir' is {str(out)!r}"
+    for fs in PSEUDO_FILESYSTEMS:
+        if out == fs or fs in out.parents:
+            raise ConfigError(f"{where}, inside {fs}, a kernel pseudo-filesystem; choose a directory on disk")
+    try:  # stat() itself can fail (a directory we may not search): that is an unwritable location too
+        existing = out
+        while not existing.exists():  # the nearest existing ancestor (the root always exists)
+            existing = existing.parent
+        if not existing.is_dir():
+            what = "is a file" if existing == out else f"is inside {str(existing)!r}, which is a file"
+            raise ConfigError(f"{where}: it {what}, not a directory")
+        for name in OUTPUT_FILES:
+            target = out / name
+            if target.exists() and not target.is_file():
+                raise ConfigError(f"{where}: {name} there exists and is not a regular file, so it cannot be replaced")
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".fedapp-write-check-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{where}: it cannot be written ({err.strerror or err})") from None
+
+
+def prepare_out_dir(cfg: RunConfig, out_dir: str | None = None) -> Path:
+    """:func:`resolve_out_dir`, checked with :func:`check_out_dir`: the absolute directory results will go to."""
+    out = resolve_out_dir(cfg, out_dir)
+    check_out_dir(out)
+    return out
+
+
+def finish(
+    cfg: RunConfig, strategy: Any, engine: str, *, wall_s: float, out_dir: str | None = None,
+    error: str | None = None,
+) -> tuple[dict[str, Any], Path]:
+    """Write results.json, accuracy.png and model.npy; return the document and the json path.
+
+    ``error`` marks the run failed (results.json ``"status": "failed"``, ``"error"``) with the rounds that ran. If
+    the output directory cannot be written, everything goes to a new temporary directory instead (logged).
+    """
     hist = strategy.history
     accs = [r.test_accuracy for r in hist if r.test_accuracy is not None]
     summary = {
@@ -58,15 +150,52 @@ def finish(cfg: RunConfig, strategy: Any, engine: str, *, wall_s: float, out_dir
         "privacy": strategy.privacy_summary(),
         "privacy_accountants": accountant_docs(strategy.privacy_summary()),
     }
-    out = Path(out_dir or cfg.out_dir or default_out_dir(cfg)).resolve()
+    out = resolve_out_dir(cfg, out_dir)
     config = {**ALGORITHMS[cfg.algorithm].used_config(cfg), "out-dir": str(out)}
     doc = build_results(
         algorithm=cfg.algorithm, dataset=cfg.dataset, config=config, seed=cfg.seed, rounds=hist, engine=engine,
-        summary=summary,
+        summary=summary, error=error,
     )
-    path = write_results(doc, out)
-    np.save(path.parent / "model.npy", strategy.global_model())  # the final global model, float64
+    model = strategy.global_model()  # the final global model (of the last completed round), float64
+    try:
+        path = write_results(doc, out)
+        np.save(out / "model.npy", model)
+    except OSError as err:  # the work is done: keep it somewhere rather than lose it
+        fallback = Path(tempfile.mkdtemp(prefix="fedapp-results-"))
+        log(WARNING, "could not write the results to %s (%s: %s); writing them to %s instead", out,
+            type(err).__name__, err, fallback)
+        doc["config"]["out-dir"] = str(fallback)
+        path = write_results(doc, fallback)
+        np.save(fallback / "model.npy", model)
     return doc, path
+
+
+def failure_text(err: BaseException, strategy: Any) -> str:
+    """The one line that says why a run stopped: a RoundFailed or ConfigError as is (they name the round or the
+    key), anything else with its type and the round it happened in."""
+    if isinstance(err, RoundFailed | LegacyRoundFailed | ConfigError):
+        return str(err)
+    current = getattr(strategy, "current_round", 0)
+    where = f"round {current}" if current else "before round 1"
+    return f"{where}: {type(err).__name__}: {err}"
+
+
+def run_to_results(
+    cfg: RunConfig, strategy: Any, engine: str, drive: Callable[[], None], *, out: Path, t0: float,
+) -> tuple[dict[str, Any], Path]:
+    """Run ``drive()`` (all rounds), then write the results; return the document and the json path.
+
+    If ``drive`` raises, results.json is still written, with ``"status": "failed"``, the error and the rounds
+    that ran, and :class:`RunFailed` is raised from the original error. KeyboardInterrupt counts: the rounds that
+    ran are kept.
+    """
+    try:
+        drive()
+    except (Exception, KeyboardInterrupt) as err:
+        error = failure_text(err, strategy)
+        doc, path = finish(cfg, strategy, engine, wall_s=time.perf_counter() - t0, out_dir=str(out), error=error)
+        raise RunFailed(error, path, len(doc["rounds"])) from err
+    return finish(cfg, strategy, engine, wall_s=time.perf_counter() - t0, out_dir=str(out))
 
 
 def summary_lines(doc: dict[str, Any], path: Path) -> list[str]:
@@ -74,7 +203,8 @@ def summary_lines(doc: dict[str, Any], path: Path) -> list[str]:
     s = doc.get("summary", {})
     acc = s.get("final_test_accuracy")
     lines = [
-        f"algorithm={doc['algorithm']} dataset={doc['dataset']} engine={doc['engine']} rounds={len(doc['rounds'])}",
+        f"algorithm={doc['algorithm']} dataset={doc['dataset']} engine={doc['engine']} rounds={len(doc['rounds'])} "
+        f"status={doc.get('status', 'completed')}",
         f"final test accuracy: {acc:.4f} (best {s.get('best_test_accuracy'):.4f})" if acc is not None else "no evaluation",
         f"bytes: uplink {s.get('total_uplink_bytes', 0) / 1e6:.2f} MB, downlink {s.get('total_downlink_bytes', 0) / 1e6:.2f} MB",
     ]

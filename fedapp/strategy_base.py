@@ -3,8 +3,9 @@
 A subclass supplies the algorithm's server side (initial model, per-client payload, decoding and
 aggregation); this base does what every algorithm needs the same way: learning which node holds which partition
 (`query.whoami`), seeded client sampling, message construction, rejection of malformed replies (logged with the
-node id; the round goes on with the rest), byte counting from the serialized records, central evaluation,
-privacy bookkeeping and the per-round history that becomes results.json.
+node id; the round goes on with the rest, and a round with none accepted stops the run: RoundFailed), byte
+counting from the serialized records, central evaluation, privacy bookkeeping and the per-round history that
+becomes results.json.
 
 The in-process driver (simulations/inprocess.py) calls `train_contents` / `consume_replies` / `evaluate_round`
 directly with the same RecordDicts, so both drivers run the same code.
@@ -15,8 +16,9 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -40,8 +42,16 @@ Scalar = int | float | str | bool
 WHOAMI = "query.whoami"
 
 
-class FederationError(RuntimeError):
-    """The connected nodes do not form the federation the run config asks for."""
+# One home for the error machinery: the public layer's (this module is the older, run-config based engine of the
+# families not yet moved onto strategies.base).
+from strategies.base import (  # noqa: E402
+    FederationError,
+    RoundFailed,
+    client_error_text,
+    quote_errors,
+)
+
+__all__ = ["FederationError", "RoundFailed", "client_error_text", "quote_errors"]
 
 
 class RoundBookkeeping:
@@ -66,10 +76,64 @@ class RoundBookkeeping:
         self.privacy: dict[int, dict[str, float]] = {}
         self.rejected_total = 0
         self._acc: dict[str, Any] = {}
+        self._unanswered_rounds = 0  # consecutive rounds without an accepted reply
+        self._unanswered_errors: Counter[str] = Counter()
+
+    #: consecutive rounds without an accepted reply tolerated before the run stops (DP-RECAL retries the holder once)
+    retries_without_reply = 0
 
     def global_model(self) -> FloatArray:
         """The model evaluated centrally."""
         raise NotImplementedError
+
+    @property
+    def current_round(self) -> int | None:
+        """The round in progress (or last begun); None before round 1."""
+        rnd = self._acc.get("round")
+        return int(rnd) if rnd is not None else None
+
+    def round_errors(self) -> Counter[str]:
+        """This round's rejection reasons so far (distinct text -> count)."""
+        errors: Counter[str] = self._acc.setdefault("errors", Counter())
+        return errors
+
+    def round_failed(self, server_round: int, cause: str) -> RoundFailed:
+        """The error that stops the run in this round, quoting the round's rejection reasons."""
+        return RoundFailed(server_round, cause, self.round_errors())
+
+    def no_reply_cause(self, server_round: int, expected: int, failed: int, attempts: int) -> str:
+        """How ``attempts`` consecutive rounds without an accepted reply are described (DP-RECAL names the holder)."""
+        again = f" in {attempts} rounds in a row" if attempts > 1 else ""
+        return f"no reply accepted ({failed} of {expected} rejected){again}"
+
+    def check_round_accepted(self, server_round: int, accepted: int, sent: int, missing: int = 0) -> None:
+        """The one stop rule of every strategy: a round in which no reply was accepted stops the run.
+
+        Going on would repeat the round with the same model and the same clients, which fail the same way, and the
+        run would end "completed" with an untrained model. ``sent`` counts the round's train messages and
+        ``missing`` those that got no reply; rejections of an earlier phase (FedREP's proposals) are in
+        :meth:`round_errors`. A round that sent nothing and rejected nothing (DP-RECAL after its budget stop) is not
+        a failure. ``retries_without_reply`` consecutive failed rounds are tolerated; the error then quotes the
+        rejection reasons of all of them.
+        """
+        if accepted:
+            self._unanswered_rounds = 0
+            self._unanswered_errors.clear()
+            return
+        errors = self.round_errors()
+        if missing > 0:
+            errors["no reply (timed out or lost)"] += missing
+        if not sent and not errors:
+            return
+        self._unanswered_rounds += 1
+        self._unanswered_errors.update(errors)
+        failed = sum(errors.values())
+        cause = self.no_reply_cause(server_round, max(sent, failed), failed, self._unanswered_rounds)
+        if self._unanswered_rounds <= self.retries_without_reply:
+            log(WARNING, "round %d: %s; retrying (%d of %d)", server_round, cause, self._unanswered_rounds,
+                self.retries_without_reply)
+            return
+        raise RoundFailed(server_round, cause, self._unanswered_errors)
 
     def record_privacy(self, client: int, metrics: Mapping[str, Any]) -> None:
         """Keep a client's latest cumulative privacy figures (clients not sampled keep theirs)."""
@@ -274,15 +338,17 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
     def _reject(self, server_round: int, node_id: int, why: str) -> None:
         self._acc["rejected"] += 1
         self.rejected_total += 1
+        self.round_errors()[why] += 1
         log(WARNING, "round %d: rejected reply from node %s: %s", server_round, node_id, why)
 
     def consume_replies(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> MetricRecord:
-        """Validate, decode and aggregate the replies; a bad reply is logged and skipped, never fatal."""
+        """Validate, decode and aggregate the replies; a bad reply is logged and skipped, but a round in which none
+        is accepted stops the run (:meth:`check_round_accepted` raises :class:`RoundFailed`)."""
         updates: dict[int, Any] = {}
         metrics: dict[int, dict[str, Any]] = {}
         for node_id, content in replies:
             if isinstance(content, str):
-                self._reject(server_round, node_id, f"client error: {content}")
+                self._reject(server_round, node_id, client_error_text(content))
                 continue
             pid = self.pid_of.get(node_id)
             if pid is None:
@@ -307,11 +373,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         missing = self._acc["sent"] - len(replies)
         if missing > 0:
             log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)
-        diag: dict[str, float] = {}
-        if updates:
-            diag = self.aggregate(server_round, updates, metrics)
-        else:
-            log(ERROR, "round %d: no valid reply; the global model is unchanged", server_round)
+        self.check_round_accepted(server_round, len(updates), self._acc["sent"], max(missing, 0))
+        diag = self.aggregate(server_round, updates, metrics) if updates else {}
         for pid, m in metrics.items():
             self.record_privacy(pid, m)
         self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig
 from fedapp.data.partition import load_partition, partition_indices
 from fedapp.data.sources import ArrayDataset, DatasetInfo, load_dataset
 from fedapp.models.base import FloatArray, LinearModel, make_model
@@ -58,7 +58,15 @@ def build_model(cfg: RunConfig, info: DatasetInfo | None = None) -> LinearModel:
 
     info = info or dataset_info(cfg)
     beta = 2.0 * cfg.iadmm_beta if cfg.algorithm in IADMM_ALGORITHMS else cfg.beta
-    return make_model(cfg.model, info.num_classes, info.num_features, beta=beta)
+    try:
+        return make_model(cfg.model, info.num_classes, info.num_features, beta=beta)
+    except ValueError as err:  # e.g. a torch network for an algorithm that trains a numpy model
+        raise _model_error(cfg, err) from None
+
+
+def _model_error(cfg: RunConfig, err: ValueError) -> ConfigError:
+    return ConfigError(f"run config key 'model' ({cfg.model!r}) does not fit algorithm {cfg.algorithm!r} on dataset "
+                       f"{cfg.dataset!r}: {err}")
 
 
 def build_net(cfg: RunConfig, info: DatasetInfo | None = None) -> TorchNet:
@@ -66,7 +74,10 @@ def build_net(cfg: RunConfig, info: DatasetInfo | None = None) -> TorchNet:
     from fedapp.models.torch_net import TorchNet
 
     info = info or dataset_info(cfg)
-    return TorchNet(cfg.model, info.num_classes, info.num_features)
+    try:
+        return TorchNet(cfg.model, info.num_classes, info.num_features)
+    except ValueError as err:  # e.g. LeNet-5 (28x28 images) on a dataset of 21 features
+        raise _model_error(cfg, err) from None
 
 
 def is_torch_model(cfg: RunConfig) -> bool:

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
-from fedapp.config import ConfigError, RunConfig, known_keys, parse_run_config
+from fedapp.config import ConfigError, RunConfig, debug_enabled, known_keys, parse_run_config
 from fedapp.registry import ALGORITHMS
+
+#: exit codes: a run config rejected before any round ran, and a run that failed or stopped early
+EXIT_CONFIG, EXIT_FAILED = 2, 1
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -37,31 +41,60 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedapp.runner import RunFailed, prepare_out_dir, resolve_out_dir, run_to_results, summary_lines
+
     overrides = {"algorithm": args.algorithm, **parse_set(args.set or [])}
     cfg = parse_run_config(overrides)  # fail fast, before any engine starts
-    out = Path(args.out)
     if args.engine == "in-process":
-        from fedapp.runner import finish, summary_lines
-        from simulations.inprocess import run_inprocess
+        from fedapp.runner import build_strategy
+        from simulations.inprocess import make_contexts, run_rounds
 
-        strategy, _, wall = run_inprocess(cfg)
-        doc, path = finish(cfg, strategy, "in-process", wall_s=wall, out_dir=str(out))
+        t0 = time.perf_counter()
+        out = prepare_out_dir(cfg, args.out)  # before round 1: a bad location costs nothing
+        strategy = build_strategy(cfg)
+        contexts = make_contexts(cfg)
+        strategy.attach({pid: pid for pid in contexts})
+        strategy.summary()
+        try:
+            doc, path = run_to_results(cfg, strategy, "in-process",
+                                       lambda: run_rounds(strategy, contexts, cfg.num_server_rounds), out=out, t0=t0)
+        except RunFailed as err:
+            failed = json.loads(err.results.read_text())
+            print("\n".join(summary_lines(failed, err.results)))
+            raise
         print("\n".join(summary_lines(doc, path)))
-    else:
-        from simulations.flower_driver import run_flower
+        return 0
+    from simulations.flower_driver import FlowerRunError, run_flower
 
+    # The local simulation SuperLink runs on this machine: check the location here, before submitting. A remote
+    # SuperLink's ServerApp checks it there, before its round 1.
+    out = prepare_out_dir(cfg, args.out) if args.connection is None else resolve_out_dir(cfg, args.out)
+    try:
         res = run_flower(overrides, out, num_supernodes=cfg.num_clients, connection=args.connection)
-        print(f"run {res.run_id}: {res.status}; results in {res.results}")
+    except FlowerRunError as err:
+        results = err.run.results if err.run is not None else out / "results.json"
+        if results.is_file():  # the ServerApp kept the rounds that ran: quote its error
+            failed = json.loads(results.read_text())
+            if failed.get("status") == "failed":
+                raise RunFailed(f"run {err.run.run_id if err.run else '?'} {err.run.status if err.run else 'failed'}: "
+                                f"{failed.get('error')}", results, len(failed["rounds"])) from err
+        details = str(err.run.details.get("status-details", "")) if err.run is not None else ""
+        marker = "invalid run config: "  # the ServerApp refused the config before round 1 (fedapp/server_app.py)
+        if marker in details:
+            raise ConfigError(f"run {err.run.run_id if err.run else '?'} refused: {details.split(marker, 1)[1]}") from err
+        raise
+    print(f"run {res.run_id}: {res.status}; results in {res.results}")
     return 0
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """The README's main job: BSDP-FedPDM on MNIST through Flower's simulation engine."""
+    from fedapp.runner import prepare_out_dir
     from simulations.flower_driver import run_flower
 
     overrides = parse_set(args.set or [])
     cfg = parse_run_config(overrides)
-    out = Path(args.out)
+    out = prepare_out_dir(cfg, args.out)  # '' means the default under outputs/, never the current directory
     t0 = time.time()
     print(f"[quickstart] {cfg.algorithm} on {cfg.dataset}: N={cfg.num_clients}, K={cfg.clients_per_round}, "
           f"{cfg.num_server_rounds} rounds, Flower simulation engine (first run starts a local SuperLink)", flush=True)
@@ -116,13 +149,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m simulations", description=__doc__)
+    debug_help = "on failure print the traceback too (as FEDAPP_DEBUG=1 does)"
+    p.add_argument("--debug", action="store_true", help=debug_help)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run one configuration with either driver")
     r.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
     r.add_argument("--engine", choices=("in-process", "flower"), default="in-process")
-    r.add_argument("--out", required=True, help="directory for results.json and accuracy.png")
+    r.add_argument("--out", default="", help="directory for results.json and accuracy.png (default: the run "
+                   "config's out-dir, else outputs/<algorithm>-<dataset>-<timestamp> under the current directory)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run-config key (repeatable)")
     r.add_argument("--connection", default=None, help="flwr SuperLink connection (default: local simulation)")
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     r.set_defaults(func=cmd_run)
     q = sub.add_parser("quickstart", help="the default federated simulation (BSDP-FedPDM, MNIST, Flower engine)")
     q.add_argument("--out", default="outputs/quickstart")
@@ -155,12 +192,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; every failure ends with one ``error: ...`` line on stderr and a non-zero exit code
+    (EXIT_CONFIG for a run config rejected before any round, EXIT_FAILED otherwise); --debug or FEDAPP_DEBUG=1
+    adds the traceback."""
+    from fedapp.runner import RunFailed
+
     args = build_parser().parse_args(argv)
+    debug = bool(getattr(args, "debug", False)) or debug_enabled()
     try:
         return int(args.func(args))
     except ConfigError as err:
+        if debug:
+            traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    except RunFailed as err:
+        if debug:
+            traceback.print_exc()
+        print(f"error: run failed: {err} (results of the {err.rounds} round(s) that ran: {err.results})",
+              file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as err:  # no bare traceback: one line, the traceback on request
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (--debug prints the traceback)"
+        print(f"error: {type(err).__name__}: {err}{hint}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from fedapp.client_app import handle
+from fedapp.client_app import answer
 from fedapp.config import RunConfig
 from fedapp.runner import build_strategy
 from fedapp.wire import recorddict_nbytes
@@ -46,11 +46,8 @@ def run_rounds(strategy: Any, contexts: dict[int, Context], rounds: int, *, star
 
 
 def _answer(mtype: str, node_id: int, content: RecordDict, contexts: dict[int, Context]) -> tuple[int, RecordDict | str]:
-    """One client's reply, or its error text (as Flower turns a ClientApp exception into an error reply)."""
-    try:
-        return node_id, handle(mtype, content, contexts[node_id])
-    except Exception as err:
-        return node_id, f"{type(err).__name__}: {err}"
+    """One client's reply, or its error text (the reason our ClientApp puts in an error reply)."""
+    return node_id, answer(mtype, content, contexts[node_id])
 
 
 def run_inprocess(cfg: RunConfig, *, evaluate: bool = True) -> tuple[Any, dict[int, Context], float]:

@@ -30,11 +30,9 @@ Subclasses supply the algorithm: :meth:`initial_model`, :meth:`round_config` (sc
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
 from numpy.typing import NDArray
 
 from fedapp import topology
@@ -125,19 +123,12 @@ class SyncRouter(FederatedStrategy):
         """Store every agent's new message in the outbox (unchanged); stop the run if any is missing."""
         missing = sorted(set(range(self.cfg.num_clients)) - set(updates))
         if missing:
-            raise RuntimeError(f"round {server_round}: no valid message from agent(s) {missing}; a synchronous round "
-                               "needs every agent (their neighbours step with it next round), so the run stops")
+            raise self.round_failed(server_round, f"no valid message from agent(s) {missing} (a synchronous round "
+                                    "needs every agent: their neighbours step with it next round)")
         self.outbox = {i: list(updates[i]) for i in range(self.cfg.num_clients)}
         self.outbox_round = server_round
         self.tau += 1
         return {"lci": float(self.tau.max()), "forwarded": float(self.forwarded)}
-
-    def consume_replies(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> Any:
-        """As the base (bad replies logged), but a round without every agent's message stops the run."""
-        out = super().consume_replies(server_round, replies)
-        if self.outbox_round != server_round:
-            raise RuntimeError(f"round {server_round}: no agent sent a valid message; the run stops")
-        return out
 
     def outbox_stack(self, index: int = 0) -> NDArray[Any]:
         """Array ``index`` of every agent's latest message, stacked in agent order (shape (n, ...))."""

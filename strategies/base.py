@@ -64,56 +64,93 @@ __all__ = [
     "RoundBookkeeping",
     "RoundFailed",
     "arrays_of",
-    "concise_error",
+    "client_error_text",
+    "quote_errors",
     "record_of",
 ]
 
 
 class FederationError(RuntimeError):
-    """The connected nodes do not form the federation the strategy needs."""
+    """The federation cannot go on: the connected nodes do not form the one the run config asks for, or a round
+    got none of the replies it needs."""
+
+
+#: distinct client errors quoted in a RoundFailed message (the rest are counted, not quoted)
+QUOTED_ERRORS = 3
+#: longest client error quoted verbatim
+QUOTED_ERROR_CHARS = 300
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def quote_errors(errors: Mapping[str, int], limit: int = QUOTED_ERRORS) -> str:
+    """``30x "q = ..."; 2x "..."``: the most frequent distinct errors, then how many others were left out.
+
+    Errors that differ only in their numbers (each client's own step count or norm) count as one, quoted by its
+    most frequent text, so that 100 clients failing the same way make one quote, not 100.
+    """
+    if not errors:
+        return "no reply arrived"
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for text, count in errors.items():
+        groups.setdefault(_NUMBER.sub("#", text), []).append((text, count))
+    ranked = sorted(groups.values(), key=lambda g: (-sum(c for _, c in g), min(t for t, _ in g)))
+    parts = []
+    for group in ranked[:limit]:
+        text = max(group, key=lambda tc: (tc[1], tc[0]))[0]
+        short = text if len(text) <= QUOTED_ERROR_CHARS else text[: QUOTED_ERROR_CHARS - 3] + "..."
+        variants = f" ({len(group)} variants differing in numbers)" if len(group) > 1 else ""
+        parts.append(f'{sum(c for _, c in group)}x "{short}"{variants}')
+    rest = ranked[limit:]
+    if rest:
+        parts.append(f"and {len(rest)} other distinct error(s) ({sum(c for g in rest for _, c in g)}x)")
+    return "; ".join(parts)
 
 
 class RoundFailed(FederationError):
-    """A round could not be completed: no reply was accepted, or (``missing``) an algorithm that needs every
-    client lacks some. The message quotes the clients' distinct errors with counts.
+    """A round ended without the replies the algorithm needs, so the run stops; the rounds before it are kept.
 
-    Attributes
+    Parameters
     ----------
     server_round
         The round that failed.
+    cause
+        What went wrong, e.g. "no reply accepted (30 of 30 rejected)".
     errors
-        ``{error text: number of clients}`` of the rejected replies.
-    missing
-        The clients whose reply the algorithm needed and did not get (empty: none was accepted at all).
+        Why the replies were rejected: distinct reason -> count (quoted, most frequent first).
     """
 
-    def __init__(self, server_round: int, errors: Counter[str], sent: int, *, missing: Sequence[int] = (),
-                 why: str = "") -> None:
+    def __init__(self, server_round: int, cause: str, errors: Mapping[str, int]) -> None:
         self.server_round = server_round
-        self.errors = errors
-        self.missing = list(missing)
-        quoted = "; ".join(f'{n}x "{e}"' for e, n in errors.most_common(3))
-        more = f"; and {len(errors) - 3} other error(s)" if len(errors) > 3 else ""
-        got = sum(errors.values())
-        head = (f"round {server_round}: no valid reply from client(s) {self.missing}{'; ' + why if why else ''}"
-                if self.missing else
-                f"round {server_round}: no reply accepted ({got} rejected, {sent - got} missing of {sent} sent)")
-        super().__init__(head + (f": {quoted}{more}" if quoted else ""))
+        self.cause = cause
+        self.errors = dict(errors)
+        super().__init__(f"round {server_round}: {cause}: {quote_errors(self.errors)}")
 
 
-_CLASS_WRAPPED = re.compile(r"^<class '[^']*'>:<'(.*)'>$", re.DOTALL)
+_FLOWER_REASON = re.compile(r"^<class '(?P<type>[^']+)'>:<'(?P<msg>.*)'>$", re.DOTALL)
+_FLOWER_WRAPPER = "Exception ClientAppException occurred. Message: "
 
 
-def concise_error(reason: str, limit: int = 300) -> str:
-    """The client's own error message from a Flower error reply (which may wrap a whole remote traceback)."""
+def client_error_text(reason: str) -> str:
+    """A client's error reply as ``Type: message``, whichever engine carried it.
+
+    Our ClientApp replies with that text already. A ClientApp exception that Flower caught itself arrives as
+    ``<class 'ValueError'>:<'message'>`` (deployment), or, in the simulation, wrapped in Flower's
+    ClientAppException and Ray's RayTaskError with the whole traceback in the text: the message is then the text
+    after Flower's last "Message: " marker, and its type the traceback line that states it.
+    """
     text = reason.strip()
-    if "Message: " in text:  # ClientAppException in the simulation engine: "... Message: <the client's text>'>"
-        text = text.rsplit("Message: ", 1)[1]
-    match = _CLASS_WRAPPED.match(text)
-    if match:
-        text = match.group(1)
-    text = text.strip().rstrip(">").rstrip("'\"").strip()
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    if _FLOWER_WRAPPER in text:
+        msg = text.rsplit(_FLOWER_WRAPPER, 1)[1].strip()
+        msg = msg[:-2].rstrip() if msg.endswith("'>") else msg
+        first = msg.splitlines()[0] if msg else ""
+        stated = re.search(r"^([A-Za-z_][\w.]*): " + re.escape(first), text, re.MULTILINE) if first else None
+        return f"{stated.group(1).rsplit('.', 1)[-1]}: {msg}" if stated else msg
+    m = _FLOWER_REASON.match(text)
+    if m is None:
+        return text
+    return f"{m.group('type').rsplit('.', 1)[-1]}: {m.group('msg').strip()}"
 
 
 def arrays_of(record: ArrayRecord) -> dict[str, NDArray[Any]]:
@@ -162,6 +199,60 @@ class RoundBookkeeping:
         self.client_privacy: dict[int, dict[str, float]] = {}
         self.rejected_total = 0
         self._acc: dict[str, Any] = {}
+        self._unanswered_rounds = 0  # consecutive rounds without an accepted reply
+        self._unanswered_errors: Counter[str] = Counter()
+
+    #: consecutive rounds without an accepted reply tolerated before the run stops (DP-RECAL retries the holder once)
+    retries_without_reply = 0
+
+    @property
+    def current_round(self) -> int | None:
+        """The round in progress (or last begun); None before round 1."""
+        rnd = self._acc.get("round")
+        return int(rnd) if rnd is not None else None
+
+    def round_errors(self) -> Counter[str]:
+        """This round's rejection reasons so far (distinct text -> count)."""
+        errors: Counter[str] = self._acc.setdefault("errors", Counter())
+        return errors
+
+    def round_failed(self, server_round: int, cause: str) -> RoundFailed:
+        """The error that stops the run in this round, quoting the round's rejection reasons."""
+        return RoundFailed(server_round, cause, self.round_errors())
+
+    def no_reply_cause(self, server_round: int, expected: int, failed: int, attempts: int) -> str:
+        """How ``attempts`` consecutive rounds without an accepted reply are described (DP-RECAL names the holder)."""
+        again = f" in {attempts} rounds in a row" if attempts > 1 else ""
+        return f"no reply accepted ({failed} of {expected} rejected){again}"
+
+    def check_round_accepted(self, server_round: int, accepted: int, sent: int, missing: int = 0) -> None:
+        """The one stop rule of every strategy: a round in which no reply was accepted stops the run.
+
+        Going on would repeat the round with the same model and the same clients, which fail the same way, and the
+        run would end "completed" with an untrained model. ``sent`` counts the round's train messages and
+        ``missing`` those that got no reply; rejections of an earlier phase (FedREP's proposals) are in
+        :meth:`round_errors`. A round that sent nothing and rejected nothing (DP-RECAL after its budget stop) is not
+        a failure. ``retries_without_reply`` consecutive failed rounds are tolerated; the error then quotes the
+        rejection reasons of all of them.
+        """
+        if accepted:
+            self._unanswered_rounds = 0
+            self._unanswered_errors.clear()
+            return
+        errors = self.round_errors()
+        if missing > 0:
+            errors["no reply (timed out or lost)"] += missing
+        if not sent and not errors:
+            return
+        self._unanswered_rounds += 1
+        self._unanswered_errors.update(errors)
+        failed = sum(errors.values())
+        cause = self.no_reply_cause(server_round, max(sent, failed), failed, self._unanswered_rounds)
+        if self._unanswered_rounds <= self.retries_without_reply:
+            log(WARNING, "round %d: %s; retrying (%d of %d)", server_round, cause, self._unanswered_rounds,
+                self.retries_without_reply)
+            return
+        raise RoundFailed(server_round, cause, self._unanswered_errors)
 
     def current_arrays(self) -> ArrayRecord:
         """The global model in the user's layout."""
@@ -470,8 +561,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
 
     def reject(self, server_round: int, node_id: int, why: str) -> None:
         """Count and log a rejected reply (its reason goes into the round's error tally)."""
-        self._acc["rejected"] += 1
-        self._acc.setdefault("errors", Counter())[why] += 1
+        self._acc["rejected"] = self._acc.get("rejected", 0) + 1
+        self.round_errors()[why] += 1
         self.rejected_total += 1
         log(WARNING, "round %d: rejected reply from node %s: %s", server_round, node_id, why)
 
@@ -484,7 +575,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         m = dict(content.metric_records["metrics"])
         bad = sorted(k for k, v in m.items() if not _metric_ok(v))
         if bad:
-            raise MalformedPayload(f"metric(s) {bad} are not finite numbers")
+            raise MalformedPayload(f"non-finite metric(s) {bad}")
         return arrays, m
 
     def consume_replies(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> MetricRecord:
@@ -493,13 +584,13 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         Raises
         ------
         RoundFailed
-            When replies were expected and none was accepted (quoting the clients' errors).
+            When replies were expected and none was accepted (:meth:`check_round_accepted`, quoting the errors).
         """
         updates: dict[int, Any] = {}
         metrics: dict[int, dict[str, Any]] = {}
         for node_id, content in replies:
             if isinstance(content, str):
-                self.reject(server_round, node_id, f"client error: {concise_error(content)}")
+                self.reject(server_round, node_id, client_error_text(content))
                 continue
             cid = self.pid_of.get(node_id)
             if cid is None:
@@ -518,8 +609,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         missing = self._acc["sent"] - len(replies)
         if missing > 0:
             log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)
-        if not updates and self._acc["sent"] > 0:
-            raise RoundFailed(server_round, self._acc["errors"], self._acc["sent"])
+        self.check_round_accepted(server_round, len(updates), self._acc["sent"], max(missing, 0))
         diag = self.aggregate(server_round, updates, metrics) if updates else {}
         for cid, m in metrics.items():
             self.record_privacy(cid, m)

@@ -24,14 +24,13 @@ the form of each reply (count, dtype, shape, finiteness) and the agent's publica
 
 Failure rule: a synchronous round needs every agent's message (its neighbours step with it next round, and an agent
 that missed a round is one iteration behind), so a round in which any agent's message is missing or rejected stops
-the run with :class:`strategies.base.RoundFailed` naming the agents. Re-using a stale
-outbox entry would change the algorithm silently.
+the run with :class:`strategies.base.RoundFailed` naming the agents and quoting why their replies were
+rejected (the rounds before it are kept). Re-using a stale outbox entry would change the algorithm silently.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,7 +39,7 @@ from numpy.typing import NDArray
 
 from fedapp import topology
 from fedapp.compression.codec import MalformedPayload
-from strategies.base import FederatedStrategy, FederationError, RoundFailed, Scalar
+from strategies.base import FederatedStrategy, FederationError, Scalar
 
 #: config key with the JSON list of the agent's graph neighbours, whose messages (from round 2) are carried in order
 NEIGHBOURS = "neighbours"
@@ -183,9 +182,8 @@ class SyncRouter(GraphRouting):
         """Store every agent's new message in the outbox (unchanged); stop the run if any is missing."""
         missing = sorted(set(range(self.num_clients)) - set(updates))
         if missing:
-            raise RoundFailed(server_round, self._acc.get("errors", Counter()), int(self._acc.get("sent", 0)),
-                              missing=missing, why="a synchronous round needs every agent (its neighbours step with it "
-                                                   "next round), so the run stops")
+            raise self.round_failed(server_round, f"no valid message from agent(s) {missing} (a synchronous round "
+                                    "needs every agent: their neighbours step with it next round)")
         self.outbox = {i: list(updates[i]) for i in range(self.num_clients)}
         self.outbox_round = server_round
         self.tau += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedapp.algorithms.fedpdm import server_update
+from fedapp.compression.codec import FLOAT32_MAX
 from fedapp.compression.sparsify import TopK
 from strategies.base import Scalar
 from strategies.broadcast import BroadcastStrategy, round_diagnostics
@@ -64,8 +65,9 @@ class DPFedPDM(BroadcastStrategy):
             raise ValueError(f"gamma must be >= 0, got {gamma!r}")
         if not (isinstance(nu, int | float) and nu >= 0):
             raise ValueError(f"nu must be >= 0, got {nu!r}")
-        if gamma / rho == float("inf"):
-            raise ValueError(f"gamma / rho = {gamma} / {rho} overflows: the prox threshold must be finite")
+        if gamma > 0 and not gamma / rho < FLOAT32_MAX:  # the mean of float32 uploads never exceeds FLOAT32_MAX
+            raise ValueError(f"gamma / rho = {gamma:g} / {rho:g} = {gamma / rho:.3g} is beyond the float32 range of the "
+                             "uploads: the prox (12) would set every coordinate to 0; raise rho or lower gamma")
         self.rho, self.gamma, self.nu = float(rho), float(gamma), float(nu)
 
     def round_config(self) -> dict[str, Scalar]:

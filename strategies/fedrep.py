@@ -44,7 +44,7 @@ from fedapp.compression.codec import MalformedPayload
 from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.sampling import rng_for
-from fedapp.strategy_base import FederatedStrategy, Scalar
+from fedapp.strategy_base import FederatedStrategy, Scalar, client_error_text
 from fedapp.task import Evaluator, build_net
 from fedapp.wire import train_content
 
@@ -163,7 +163,8 @@ class FedREP(FederatedStrategy):
         for node_id, content in replies:
             pid = self.pid_of.get(node_id)
             if isinstance(content, str) or pid is None:
-                self._reject(server_round, node_id, f"propose: {content if isinstance(content, str) else 'unknown node'}")
+                why = client_error_text(content) if isinstance(content, str) else "unknown node"
+                self._reject(server_round, node_id, f"propose: {why}")
                 if pid is not None:
                     self.synced.discard(pid)  # it may not hold w^t: send it the dense model next round
                 continue

@@ -15,7 +15,8 @@ How these differ from our ``fedavg`` / ``fedprox`` keys (all Flower's behaviour,
 * the mean is weighted by "num-examples" (= |D_i|; the same as ours for equal partitions);
 * dense only; federated evaluation is off (fraction_evaluate = 0), the server evaluates centrally like ours;
 * under DP the clients add their noise as in ``fedavg`` / ``fedprox``; privacy metrics are collected per node id.
-  A reply with an error counts as rejected; malformed content is Flower's to handle (it raises).
+  A reply with an error counts as rejected, and a round without a reply that is not an error stops the run
+  (:class:`strategies.base.RoundFailed`, as for ours); malformed content is Flower's to handle (it raises).
 
 They need a Flower Grid: the in-process driver cannot run them (:class:`FlowerOnlyError`).
 """
@@ -37,7 +38,7 @@ from fedapp.algorithms.fedpdm import step_size
 from fedapp.layout import ArrayLayout, FloatArray
 from fedapp.privacy.gaussian import Eq36Calibration
 from fedapp.wire import recorddict_nbytes
-from strategies.base import EvaluateFn, RoundBookkeeping, arrays_of
+from strategies.base import EvaluateFn, RoundBookkeeping, arrays_of, client_error_text
 
 __all__ = ["FlowerBuiltinMixin", "FlowerOnlyError", "FlwrFedAvg", "FlwrFedProx"]
 
@@ -141,7 +142,7 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Flower's messages plus our local settings in their config; counts their size as downlink bytes."""
-        self._acc = {"t0": time.perf_counter(), "up": 0, "down": 0}
+        self._acc = {"t0": time.perf_counter(), "up": 0, "down": 0, "round": server_round}
         messages = list(super().configure_train(server_round, arrays, config, grid))
         available = max(1, len(list(grid.get_node_ids())))
         extra = self.local_config(server_round, min(1.0, len(messages) / available))
@@ -149,6 +150,7 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
             m.content[self.configrecord_key] = ConfigRecord({**dict(m.content.config_records[self.configrecord_key]),
                                                              **extra})
         self._acc["down"] = sum(recorddict_nbytes(m.content) for m in messages)
+        self._acc["sent"] = len(messages)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -156,6 +158,14 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         replies = list(replies)
         ok = [r for r in replies if not r.has_error()]
         self.rejected_total += len(replies) - len(ok)
+        for r in replies:
+            if r.has_error():
+                self.round_errors()[client_error_text(str(r.error.reason))] += 1
+        self.check_round_accepted(server_round, len(ok), self._acc["sent"], max(self._acc["sent"] - len(replies), 0))
+        for r in replies:
+            if r.has_error():
+                self.round_errors()[client_error_text(str(r.error.reason))] += 1
+        self.check_round_accepted(server_round, len(ok), self._acc["sent"], max(self._acc["sent"] - len(replies), 0))
         self._acc["up"] = sum(recorddict_nbytes(r.content) for r in ok)
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:

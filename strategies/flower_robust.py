@@ -273,8 +273,8 @@ class FedREPSetupMixin(CfgFlowerMixin):
         replies = list(replies)
         c = self.cfg
         n_forged = 0
-        if c.attack in OMNISCIENT and self.byzantine:
-            ok = [r for r in replies if not r.has_error()]
+        ok = [r for r in replies if not r.has_error()]
+        if c.attack in OMNISCIENT and self.byzantine and ok:  # no reply to forge from: the base stops the run
             z = attacks.alie_z(c.num_clients, c.byzantine_clients, c.alie_z) if c.attack == "alie" else None
             forged = forge_byzantine_replies([r.content for r in ok], self.x, c.attack, self.byzantine, eps=c.foe_eps, z=z)
             for msg, content in zip(ok, forged, strict=True):

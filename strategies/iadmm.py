@@ -28,11 +28,11 @@ from fedapp.algorithms.iadmm import (
 from fedapp.compression.codec import wire_round
 from fedapp.config import RunConfig
 from fedapp.models.base import FloatArray
-from fedapp.strategy_base import BroadcastStrategy, Scalar
+from fedapp.strategy_base import BroadcastStrategy, RoundFailed, Scalar
 from fedapp.task import Evaluator, total_train_samples
 
 
-class ReplicatedDualError(RuntimeError):
+class ReplicatedDualError(RoundFailed):
     """An agent did not reply: its dual copies on the server and the agent can no longer be kept identical."""
 
 
@@ -99,8 +99,8 @@ class DPIADMM(BroadcastStrategy):
         missing = sorted(set(range(self.cfg.num_clients)) - set(updates))
         if missing:
             raise ReplicatedDualError(
-                f"round {server_round}: no valid reply from partition(s) {missing}; Algorithm 1 needs every agent every "
-                "round (their duals would diverge from the server's copies)"
+                server_round, f"no valid reply from partition(s) {missing} (Algorithm 1 needs every agent every round: "
+                "their duals would diverge from the server's copies)", self.round_errors(),
             )
         for p in sorted(updates):
             self.z[p] = updates[p].to_dense()

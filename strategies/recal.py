@@ -33,12 +33,12 @@ from clients.recal import recal_problem
 from fedapp import topology
 from fedapp.algorithms.recal import beta_for, relative_error, solve_elastic_net
 from fedapp.compression.codec import MalformedPayload
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.privacy import zcdp
 from fedapp.results import RoundRecord
 from fedapp.sampling import rng_for
-from fedapp.strategy_base import FederatedStrategy, Scalar
+from fedapp.strategy_base import FederatedStrategy, Scalar, client_error_text
 from fedapp.wire import train_content
 
 REGISTER = "query.register"
@@ -59,6 +59,8 @@ class DPRECAL(FederatedStrategy):
     """
 
     privacy_label = "eps(Thm 3)"
+    #: spec 7.4: a holder that fails gets one retry before the run stops
+    retries_without_reply = 1
 
     def __init__(self, cfg: RunConfig, evaluator: Any = None) -> None:
         self.problem = recal_problem(cfg)
@@ -74,7 +76,6 @@ class DPRECAL(FederatedStrategy):
         self.xi_plan = 0
         self.graph_msgs = 0
         self.agent_rho: dict[int, float] = {}
-        self.failures = 0
         super().__init__(cfg, evaluator=None)
         self.x1 = self.x.copy()
         self.baton: list[NDArray[np.float64]] = [self.x.copy(), np.zeros_like(self.x)]
@@ -113,19 +114,26 @@ class DPRECAL(FederatedStrategy):
         for node_id, content in replies:
             pid = self.pid_of.get(node_id)
             if isinstance(content, str) or pid is None:
-                raise RuntimeError(f"agent on node {node_id} failed to register: {content}")
+                why = client_error_text(content) if isinstance(content, str) else "unknown node"
+                self._reject(server_round, node_id, why)
+                continue
             self.count_up(content)
             info[pid] = {k: float(v) for k, v in content.metric_records["metrics"].items() if isinstance(v, int | float)}
         if sorted(info) != list(range(c.num_clients)):
-            raise RuntimeError(f"agents {sorted(set(range(c.num_clients)) - set(info))} did not register")
+            raise self.round_failed(server_round, f"agent(s) {sorted(set(range(c.num_clients)) - set(info))} failed to "
+                                    "register (sigma_1 and Delta need every agent's L_i and alpha_i)")
         alpha_max = max(v["alpha"] for v in info.values())
         l_max = max(v["L"] for v in info.values())
         self.delta_sens = zcdp.sensitivity(alpha_max, self.beta, l_max)
         g = topology.stationary_distribution(self.graph)
         self.xi_plan = c.num_server_rounds if c.xi_plan == "K" else zcdp.default_xi_plan(c.num_server_rounds, c.walk, list(g))
         if c.recal_epsilon > 0:
-            self.sigma1 = zcdp.calibrate_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, alpha_max,
-                                                self.beta, l_max)
+            try:
+                self.sigma1 = zcdp.calibrate_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, alpha_max,
+                                                    self.beta, l_max)
+            except zcdp.CalibrationOverflowError as err:  # needs L_max, so only known after registration
+                raise ConfigError(f"run config keys 'recal-epsilon' ({c.recal_epsilon:g}) and 'recal-r' ({c.recal_r:g}) "
+                                  f"cannot be met over xi_plan = {self.xi_plan} activations: {err}") from None
         self.first_holder = topology.start_agent(self.graph, c.walk_start, c.seed)
         self.holder = self.first_holder
         log(INFO, "registered %d agents: alpha_max=%.4g L_max=%.4g Delta=%.4g xi_plan=%d sigma_1=%.4g start=%d",
@@ -180,20 +188,15 @@ class DPRECAL(FederatedStrategy):
 
     def consume_replies(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> Any:
         """As the base, plus the failure rule of spec 7.4: the holder gets one retry (the baton and the walk stay
-        put), a second consecutive failure stops the run -- skipping the holder would lose its update and break
-        the u = sum lambda invariant."""
+        put, ``retries_without_reply``); a second consecutive failure stops the run with RoundFailed -- skipping the
+        holder would lose its update and break the u = sum lambda invariant."""
         if self.finished:
             return None
-        hops = self.graph_msgs
-        out = super().consume_replies(server_round, replies)
-        if self.graph_msgs == hops:
-            self.failures += 1
-            if self.failures >= 2:
-                raise RuntimeError(f"agent {self.holder} failed to relay the baton twice in a row (round {server_round})")
-            log(WARNING, "round %d: agent %d did not relay the baton; retrying it once", server_round, self.holder)
-        else:
-            self.failures = 0
-        return out
+        return super().consume_replies(server_round, replies)
+
+    def no_reply_cause(self, server_round: int, expected: int, failed: int, attempts: int) -> str:
+        again = " twice in a row" if attempts == 2 else f" {attempts} times in a row" if attempts > 2 else ""
+        return f"agent {self.holder} failed to relay the baton{again}"
 
     # ------------------------------------------------------------------ evaluation and privacy
     def realised_epsilon(self) -> float:

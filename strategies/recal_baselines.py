@@ -80,12 +80,12 @@ from fedapp.algorithms.recal_baselines import (
     rw_admm_sensitivity,
 )
 from fedapp.compression.codec import MalformedPayload
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig
 from fedapp.models.base import FloatArray
 from fedapp.privacy import zcdp
 from fedapp.results import RoundRecord
 from fedapp.sampling import rng_for
-from fedapp.strategy_base import FederatedStrategy, Scalar
+from fedapp.strategy_base import FederatedStrategy, Scalar, client_error_text
 from fedapp.wire import train_content
 from strategies._legacy_decentralized import PUBLICATIONS, SyncRouter
 from strategies.recal import REGISTER, STREAM_X1
@@ -151,18 +151,26 @@ class _TableVBaseline(FederatedStrategy):
         for node_id, content in replies:
             pid = self.pid_of.get(node_id)
             if isinstance(content, str) or pid is None:
-                raise RuntimeError(f"agent on node {node_id} failed to register: {content}")
+                why = client_error_text(content) if isinstance(content, str) else "unknown node"
+                self._reject(server_round, node_id, why)
+                continue
             self.count_up(content)
             value = content.metric_records["metrics"].get("L")
             if not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
-                raise RuntimeError(f"agent {pid} registered an invalid L_i = {value!r}")
+                self._reject(server_round, node_id, f"agent {pid} registered an invalid L_i = {value!r}")
+                continue
             lips[pid] = float(value)
         if sorted(lips) != list(range(c.num_clients)):
-            raise RuntimeError(f"agents {sorted(set(range(c.num_clients)) - set(lips))} did not register")
+            raise self.round_failed(server_round, f"agent(s) {sorted(set(range(c.num_clients)) - set(lips))} failed to "
+                                    "register (the step and Delta need every agent's L_i)")
         self.l_max = max(lips.values())
         self.on_register()
         if c.recal_epsilon > 0:
-            self.sigma1 = baseline_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, self.delta_sens)
+            try:
+                self.sigma1 = baseline_sigma1(c.recal_epsilon, c.recal_delta, c.recal_r, self.xi_plan, self.delta_sens)
+            except zcdp.CalibrationOverflowError as err:  # needs L_max, so only known after registration
+                raise ConfigError(f"run config keys 'recal-epsilon' ({c.recal_epsilon:g}) and 'recal-r' ({c.recal_r:g}) "
+                                  f"cannot be met over xi_plan = {self.xi_plan} activations: {err}") from None
         self.registered = True
         log(INFO, "registered %d agents: L_max=%.4g step=%.4g Delta=%.4g xi=%d sigma_1=%.4g", c.num_clients,
             self.l_max, self.step_size(), self.delta_sens, self.xi_plan, self.sigma1)
@@ -318,6 +326,9 @@ class DPRWAdmm(_TableVBaseline):
         Unused; kept for the common signature.
     """
 
+    #: as DP-RECAL (spec 7.4): a holder that fails gets one retry before the run stops
+    retries_without_reply = 1
+
     algorithm = "rw-admm"
 
     def __init__(self, cfg: RunConfig, evaluator: Any = None) -> None:
@@ -327,7 +338,6 @@ class DPRWAdmm(_TableVBaseline):
         self.first_holder = -1
         self.finished = False
         self.hops = 0
-        self.failures = 0
         self.beta = 0.0
         super().__init__(cfg, evaluator)
         self.token = rw_admm_initial_token(self.x0)
@@ -401,16 +411,11 @@ class DPRWAdmm(_TableVBaseline):
         """As DP-RECAL: the holder gets one retry (token and walk stay put), a second failure stops the run."""
         if self.finished:
             return None
-        hops = self.hops
-        out = super().consume_replies(server_round, replies)
-        if self.hops == hops:
-            self.failures += 1
-            if self.failures >= 2:
-                raise RuntimeError(f"agent {self.holder} failed to relay the token twice in a row (round {server_round})")
-            log(WARNING, "round %d: agent %d did not relay the token; retrying it once", server_round, self.holder)
-        else:
-            self.failures = 0
-        return out
+        return super().consume_replies(server_round, replies)
+
+    def no_reply_cause(self, server_round: int, expected: int, failed: int, attempts: int) -> str:
+        again = " twice in a row" if attempts == 2 else f" {attempts} times in a row" if attempts > 2 else ""
+        return f"agent {self.holder} failed to relay the token{again}"
 
 
 __all__ = ["DPNids", "DPPGExtra", "DPRWAdmm"]

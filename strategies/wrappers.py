@@ -47,7 +47,7 @@ from fedapp.compression.codec import MalformedPayload
 from fedapp.compression.codecs import Codec, codec_from_spec
 from fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
 from fedapp.wire import recorddict_nbytes
-from strategies.base import arrays_of, concise_error
+from strategies.base import arrays_of
 
 __all__ = ["Compressed", "StrategyWrapper", "vector_crc"]
 
@@ -194,7 +194,7 @@ class StrategyWrapper(Strategy):
             except (MalformedPayload, LayoutMismatch, ValueError, TypeError) as err:
                 rejected += 1
                 log(WARNING, "round %d: %s rejected the reply of node %s: %s", server_round, type(self).__name__,
-                    reply.metadata.src_node_id, concise_error(str(err)))
+                    reply.metadata.src_node_id, err)
                 continue
             kept.append(reply)
         self._round_stats["screen.rejected"] = self._round_stats.get("screen.rejected", 0.0) + rejected
@@ -314,7 +314,7 @@ class Compressed(StrategyWrapper):
                 self.held.pop(node, None)
                 self._round_stats["screen.rejected"] = self._round_stats.get("screen.rejected", 0.0) + 1
                 log(WARNING, "round %d: Compressed rejected the reply of node %s: %s", server_round, node,
-                    concise_error(str(err)))
+                    err)
         return super().aggregate_train(server_round, decoded)
 
     def decode_reply(self, reply: Message) -> Message:

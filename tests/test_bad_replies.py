@@ -1,4 +1,5 @@
-"""Malformed client replies are rejected with the node id logged; the round goes on with the others."""
+"""Malformed client replies are rejected with the node id logged; the round goes on with the others (and stops the
+run when none is left)."""
 
 from __future__ import annotations
 
@@ -81,10 +82,13 @@ def test_duplicate_and_unknown_nodes_are_rejected() -> None:
     assert metrics["rejected"] == 2.0 and metrics["clients"] == 4.0
 
 
-def test_all_replies_bad_stops_the_round_and_keeps_the_model() -> None:
+def test_all_replies_bad_stops_the_run_and_keeps_the_model() -> None:
     strategy, replies = _honest_round()
     x = strategy.x.copy()  # type: ignore[attr-defined]
-    bad = [(n, "RuntimeError: down") for n, _ in replies]
-    with pytest.raises(RoundFailed, match=rf'round 1: no reply accepted \({len(bad)} rejected.*{len(bad)}x "client error: RuntimeError: down"'):
+    bad = [(n, "RuntimeError: down") for n, _ in replies[:3]] + [(replies[3][0], _tamper(replies[3][1], loss=float("nan")))]
+    with pytest.raises(RoundFailed) as info:
         strategy.consume_replies(1, bad)  # type: ignore[attr-defined]
+    assert str(info.value) == ('round 1: no reply accepted (4 of 4 rejected): 3x "RuntimeError: down"; '
+                               "1x \"non-finite metric(s) ['loss']\"")
+    assert info.value.errors == {"RuntimeError: down": 3, "non-finite metric(s) ['loss']": 1}
     np.testing.assert_array_equal(strategy.x, x)  # type: ignore[attr-defined]

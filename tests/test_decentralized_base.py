@@ -75,7 +75,8 @@ def test_a_pinned_device_refuses_other_neighbours_and_the_round_stops() -> None:
         i = int(context.node_config["partition-id"])
         return GossipAgent(x0[i], neighbours=[(i + 2) % n] if i == 0 else None)  # agent 0 believes in another graph
 
-    with pytest.raises(RoundFailed, match=r"no valid reply from client\(s\) \[0\].*accepts messages from its neighbours \[2\]"):
+    with pytest.raises(RoundFailed, match=r"round 1: no valid message from agent\(s\) \[0\].*accepts messages from its "
+                                          r"neighbours \[2\] only, the server gives it \[1, 3\]"):
         run_clients(strategy, client_fn, num_nodes=n, num_rounds=2, initial_arrays=ArrayRecord([np.zeros(3)]))
 
 

@@ -32,7 +32,7 @@ APP = (
     "simulations",
 )
 PUBLIC_DIRS = ("strategies", "clients")
-PUBLIC_FILES = ("fedapp/wire.py",)
+PUBLIC_FILES = ("fedapp/wire.py", "fedapp/results.py")  # Flower record helpers and the per-round record
 APP_FILES = (
     "fedapp/config.py",
     "fedapp/registry.py",
@@ -124,6 +124,7 @@ PENDING: dict[str, set[str]] = {
         "fedapp.strategy_base",
         "fedapp.strategy_base.FederatedStrategy",
         "fedapp.strategy_base.Scalar",
+        "fedapp.strategy_base.client_error_text",
         "fedapp.task",
         "fedapp.task.Evaluator",
         "fedapp.task.build_net",
@@ -143,6 +144,7 @@ PENDING: dict[str, set[str]] = {
         "fedapp.config.RunConfig",
         "fedapp.strategy_base",
         "fedapp.strategy_base.BroadcastStrategy",
+        "fedapp.strategy_base.RoundFailed",
         "fedapp.strategy_base.Scalar",
         "fedapp.task",
         "fedapp.task.Evaluator",
@@ -150,17 +152,21 @@ PENDING: dict[str, set[str]] = {
     },
     "strategies/recal.py": {
         "fedapp.config",
+        "fedapp.config.ConfigError",
         "fedapp.config.RunConfig",
         "fedapp.strategy_base",
         "fedapp.strategy_base.FederatedStrategy",
         "fedapp.strategy_base.Scalar",
+        "fedapp.strategy_base.client_error_text",
     },
     "strategies/recal_baselines.py": {
         "fedapp.config",
+        "fedapp.config.ConfigError",
         "fedapp.config.RunConfig",
         "fedapp.strategy_base",
         "fedapp.strategy_base.FederatedStrategy",
         "fedapp.strategy_base.Scalar",
+        "fedapp.strategy_base.client_error_text",
     },
 }
 

@@ -129,11 +129,21 @@ def validate_config(cfg: RunConfig) -> None:
         raise ConfigError(f"run config key 'dpq-a2' ({cfg.dpq_a2}) must be < K^beta = {math.pow(K, cfg.dpq_beta):.6g} "
                           f"(beta_hat = a2 / K^beta < 1, Theorem 1; K = {K})")
     if cfg.dpq_variant in ("dpq", "dp-only"):
-        for k in (0, K + 1):
+        for k in (0, K + 1):  # sigma_k is monotone in k: the ends bound it
             sig = dpq.sigma_k(k, cfg.dpq_sigma_exp, scale=cfg.dpq_sigma_scale, offset=cfg.dpq_sigma_offset)
             if not (math.isfinite(sig) and sig > 0):
                 raise ConfigError(f"run config key 'dpq-sigma-exp' ({cfg.dpq_sigma_exp}) gives sigma_{k} = {sig}, "
                                   "which is not a usable noise std")
+            # The levels of eq. (3) are int64. With sigma_k >= 2^63 steps, some of the d coordinates' noise exceeds
+            # that range in practice every time (P(|N(0,1)| > 1) = 0.32 per coordinate), so every node fails.
+            if cfg.dpq_variant == "dpq" and not sig / cfg.dpq_q_step < 2.0**63:
+                raise ConfigError(
+                    f"run config keys 'dpq-sigma-exp' ({cfg.dpq_sigma_exp:g}), 'dpq-sigma-scale' "
+                    f"({cfg.dpq_sigma_scale:g}) and 'dpq-q-step' ({cfg.dpq_q_step:g}) give a noise std sigma_{k} = "
+                    f"{sig:.3g}, that is {sig / cfg.dpq_q_step:.3g} quantizer steps, beyond the int64 levels of the "
+                    "wire format (2^63 = 9.2e+18): every message would fail to quantize; lower the noise or raise "
+                    "dpq-q-step"
+                )
     try:
         params(cfg)
     except ValueError as err:

@@ -68,4 +68,22 @@ def broadcast_client(cfg: RunConfig, context: Context) -> FedClient:
 
 
 
-__all__ = ["broadcast_client", "broadcast_strategy", "flower_builtin_strategy"]
+def validate_config(cfg: RunConfig) -> None:
+    """DP-FedPDM / BSDP-FedPDM run-config rules (raise ConfigError naming the key), checked before any round.
+
+    The server's prox (12) soft-thresholds the mean of the uploads at gamma/rho. The uploads are float32 on the
+    wire, so their mean is at most FLOAT32_MAX in magnitude: a threshold at or beyond it (or one that overflows,
+    e.g. rho = 1e-300 with a large gamma) sets every coordinate to 0 in every round, and the model never moves.
+    """
+    from fedapp.compression.codec import FLOAT32_MAX
+    from fedapp.config import ConfigError
+
+    if cfg.gamma > 0 and not cfg.gamma / cfg.rho < FLOAT32_MAX:
+        raise ConfigError(
+            f"run config key 'rho' ({cfg.rho:g}) with 'gamma' ({cfg.gamma:g}) makes the l1 prox threshold gamma/rho = "
+            f"{cfg.gamma / cfg.rho:.3g}, beyond the float32 range of the uploads ({FLOAT32_MAX:.3g}): the prox (12) "
+            "would set every coordinate to 0 in every round; raise rho or lower gamma"
+        )
+
+
+__all__ = ["broadcast_client", "broadcast_strategy", "flower_builtin_strategy", "validate_config"]

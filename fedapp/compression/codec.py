@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
+    "FLOAT32_MAX",
     "MalformedPayload",
     "SparseVector",
     "decode_vector",
@@ -30,6 +31,9 @@ __all__ = [
     "payload_nbytes",
     "wire_round",
 ]
+
+#: largest magnitude a value can have on the wire (float32); anything larger arrives as inf and is rejected
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 _DENSE, _VAL, _IDX, _MASK = "dense", "val", "idx", "mask"
 _ACCEPTED_KEYSETS = ({_DENSE}, {_VAL, _IDX}, {_VAL, _MASK})

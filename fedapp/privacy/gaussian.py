@@ -157,7 +157,10 @@ def gaussian_noise_std(sensitivity: float, epsilon: float, delta: float) -> floa
     _require_non_negative("sensitivity", sensitivity)
     _require_positive("epsilon", epsilon)
     _require_open_unit("delta", delta)
-    return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+    ratio = 1.25 / delta
+    # A subnormal delta (1e-320) overflows 1.25 / delta, but its log is finite; elsewhere keep the printed form.
+    log_term = math.log(ratio) if math.isfinite(ratio) else math.log(1.25) - math.log(delta)
+    return sensitivity * math.sqrt(2.0 * log_term) / epsilon
 
 
 def data_fraction(steps: int, batch: int, n_local: int) -> float:

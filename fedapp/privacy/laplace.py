@@ -8,6 +8,7 @@ epsilon-DP (Theorem 1). Composition over local solves and rounds is the paper's 
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 from numpy.typing import NDArray
@@ -58,6 +59,10 @@ def basic_composition(k: int, epsilon: float, delta: float = 0.0) -> tuple[float
     return k * epsilon, k * delta
 
 
+#: largest x with a finite e^x in float64
+_MAX_EXP_ARG = math.log(sys.float_info.max)
+
+
 def advanced_composition(k: int, epsilon: float, delta_prime: float, delta: float = 0.0) -> tuple[float, float]:
     """Advanced composition (Dwork-Roth Thm 3.20) of k (epsilon, delta)-DP mechanisms.
 
@@ -69,5 +74,8 @@ def advanced_composition(k: int, epsilon: float, delta_prime: float, delta: floa
         raise ValueError(f"k must be >= 0, got {k}")
     if not 0 < delta_prime < 1:
         raise ValueError(f"delta_prime must be in (0, 1), got {delta_prime}")
-    eps = math.sqrt(2.0 * k * math.log(1.0 / delta_prime)) * epsilon + k * epsilon * math.expm1(epsilon)
+    # e^epsilon overflows for epsilon > ~709.78: the bound is then vacuous (inf), not an error (basic composition
+    # still holds, and callers report both)
+    growth = math.expm1(epsilon) if epsilon <= _MAX_EXP_ARG else math.inf
+    eps = math.sqrt(2.0 * k * math.log(1.0 / delta_prime)) * epsilon + k * epsilon * growth
     return eps, k * delta + delta_prime

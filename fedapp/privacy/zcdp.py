@@ -536,7 +536,13 @@ def log_sigma1_for_budget(eps: float, delta: float, Delta: float, R: float, xi: 
     _require_int("xi", xi, 0)
     if xi == 0 or Delta == 0.0:
         return -math.inf
-    return math.log(Delta) + 0.5 * (log_geom_sum(R, xi) - math.log(2.0 * rho_from_eps(eps, delta)))
+    rho = rho_from_eps(eps, delta)
+    if rho > 0.0:
+        log_2rho = math.log(2.0 * rho)
+    else:  # eps^2 underflowed (eps below ~1e-154): the same formula factor by factor, in logs
+        a = math.log(1.0 / delta)
+        log_2rho = math.log(2.0) + 2.0 * (math.log(eps) - math.log(math.sqrt(a + eps) + math.sqrt(a)))
+    return math.log(Delta) + 0.5 * (log_geom_sum(R, xi) - log_2rho)
 
 
 def sigma1_for_budget(eps: float, delta: float, Delta: float, R: float, xi: int) -> float:
