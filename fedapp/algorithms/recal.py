@@ -204,6 +204,19 @@ class LocalLeastSquares:
         return (self.q,) if self.targets.ndim == 1 else (self.q, int(self.targets.shape[1]))
 
     @property
+    def dim(self) -> int:
+        """Number of entries of y (q or q C): the length of the flat vector a Flower message carries."""
+        return int(np.prod(self.x_shape))
+
+    def _shaped(self, y: ArrayLike) -> FloatArray:
+        """y as an array of ``x_shape``: a flat vector of ``dim`` entries is read row-major (numpy's C order, the
+        order :class:`fedapp.layout.ArrayLayout` flattens a (q, C) array in)."""
+        ya = _as_float(y)
+        if ya.ndim == 1 and len(self.x_shape) == 2 and ya.size == self.dim:
+            return ya.reshape(self.x_shape)
+        return ya
+
+    @property
     def uses_gram(self) -> bool:
         """Whether :meth:`grad` goes through the cached q x q Gram matrix (``q <= m_i``)."""
         return self.q <= self.m
@@ -230,20 +243,22 @@ class LocalLeastSquares:
         return float(max(np.linalg.eigvalsh(small)[-1], 0.0))
 
     def value(self, y: ArrayLike) -> float:
-        """``f_i(y) = ||B_i y - b_i||^2 / (2 m_i)`` (direct formula)."""
-        res = self.features @ _as_float(y) - self.targets
+        """``f_i(y) = ||B_i y - b_i||^2 / (2 m_i)`` (direct formula); y of ``x_shape`` or flat."""
+        res = self.features @ self._shaped(y) - self.targets
         return 0.5 * float(np.vdot(res, res)) / self.m
 
     def grad(self, y: ArrayLike) -> FloatArray:
-        """``grad f_i(y) = (1/m_i) B_i^T (B_i y - b_i)``, shape of y."""
+        """``grad f_i(y) = (1/m_i) B_i^T (B_i y - b_i)``, shape of y (``x_shape`` or flat)."""
         ya = _as_float(y)
-        if self.uses_gram:
-            return np.asarray(self.gram @ ya - self.moment, dtype=np.float64)
-        return self.grad_direct(ya)
+        if not self.uses_gram:
+            return self.grad_direct(ya)
+        return np.asarray(self.gram @ self._shaped(ya) - self.moment, dtype=np.float64).reshape(ya.shape)
 
     def grad_direct(self, y: ArrayLike) -> FloatArray:
-        """The gradient by the direct formula ``B_i^T (B_i y - b_i) / m_i``."""
-        return np.asarray(self.features.T @ (self.features @ _as_float(y) - self.targets) / self.m, dtype=np.float64)
+        """The gradient by the direct formula ``B_i^T (B_i y - b_i) / m_i``, shape of y."""
+        ya = _as_float(y)
+        g = self.features.T @ (self.features @ self._shaped(ya) - self.targets) / self.m
+        return np.asarray(g, dtype=np.float64).reshape(ya.shape)
 
 
 def lipschitz_power_iteration(features: ArrayLike, iters: int = 1000, tol: float = 1e-13, seed: int = 0) -> float:
