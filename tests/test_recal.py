@@ -25,7 +25,6 @@ from fedapp.algorithms.recal import (
     encode_targets,
     lipschitz_power_iteration,
     load_covtype_problem,
-    load_mnist_problem,
     markov_next,
     minmax_scale,
     noise_sigma,
@@ -37,6 +36,7 @@ from fedapp.algorithms.recal import (
     split_agents,
 )
 from fedapp.algorithms.recal import synthetic_problem as synthetic
+from fedapp.apps.recal import load_mnist_problem
 from fedapp.data.sources import ArrayDataset, DatasetInfo
 
 N = 8
