@@ -161,8 +161,9 @@ class _SyncBaseline(_TableV, SyncRouter):
 
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
         diag = super().aggregate(server_round, updates, metrics)
-        diag["mean_sigma"] = float(np.mean([float(m.get("sigma", 0.0)) for m in metrics.values()]))
-        diag["mean_local_loss"] = float(np.mean([float(m.get("local_loss", math.nan)) for m in metrics.values()]))
+        ordered = [metrics[i] for i in sorted(metrics)]  # agent order, not arrival order: the same sum in every driver
+        diag["mean_sigma"] = float(np.mean([float(m.get("sigma", 0.0)) for m in ordered]))
+        diag["mean_local_loss"] = float(np.mean([float(m.get("local_loss", math.nan)) for m in ordered]))
         return diag
 
     def describe(self) -> dict[str, Any]:
