@@ -52,6 +52,8 @@ class AlgorithmSpec:
     #: False for algorithms whose privacy keys are their own (the DP_KEYS of seed 000 are not echoed)
     uses_dp_keys: bool = True
     initial: str = "fedapp.apps.common:numpy_initial_model"
+    #: dotted path of the builder ``(cfg) -> evaluate_fn`` of a public algorithm (Flower's evaluate_fn signature)
+    evaluate: str = "fedapp.apps.common:evaluate_fn"
 
     @property
     def public(self) -> bool:
@@ -75,11 +77,9 @@ class AlgorithmSpec:
             from fedapp.task import Evaluator
 
             return _load(self.strategy)(cfg, Evaluator(cfg) if evaluate else None)
-        from fedapp.apps.common import evaluate_fn
-
         strategy = _load(self.strategy)(cfg)
         strategy.initialize(_load(self.initial)(cfg))
-        strategy.prepare(cfg.num_server_rounds, evaluate_fn=evaluate_fn(cfg) if evaluate else None)
+        strategy.prepare(cfg.num_server_rounds, evaluate_fn=_load(self.evaluate)(cfg) if evaluate else None)
         return strategy
 
     def make_client(self, cfg: RunConfig, context: Any) -> Any:
@@ -116,7 +116,7 @@ RECAL_KEYS = (
     "stop-on-budget", "alpha-scale", "recal-nu1", "recal-nu2", "label-mode", "recal-samples", "x1-init", "noise-seed",
 )
 SEED001 = "DP-RECAL: decentralized primal-dual learning with relay communication (seed 001)"
-RECAL_CHECKS = "fedapp.algorithms.recal:validate_config"
+RECAL_CHECKS = "fedapp.apps.recal:validate_config"
 # DP-RECAL's Table V baselines (seed 001, spec 5.6): the DP and problem keys of dp-recal they read
 SYNC_BASELINE_KEYS = (
     "graph", "recal-epsilon", "recal-sigma1", "recal-r", "recal-delta", "alpha-scale", "recal-nu1", "recal-nu2",
@@ -127,8 +127,10 @@ RW_ADMM_KEYS = (
     "stop-on-budget", "rw-beta-scale", "rw-activation-prob", "recal-nu1", "recal-nu2", "label-mode", "recal-samples",
     "x1-init", "noise-seed",
 )
-SYNC_BASELINE_CHECKS = "fedapp.algorithms.recal_baselines:validate_sync_config"
-RW_ADMM_CHECKS = "fedapp.algorithms.recal_baselines:validate_rw_admm_config"
+SYNC_BASELINE_CHECKS = "fedapp.apps.recal:validate_sync_config"
+RW_ADMM_CHECKS = "fedapp.apps.recal:validate_rw_admm_config"
+#: the seed-001 family's start x^1 and evaluation (relative error to the central x*, spec 5.7)
+RECAL_INITIAL, RECAL_EVALUATE = "fedapp.apps.recal:initial_model", "fedapp.apps.recal:evaluate_fn"
 # Seed 004 (spec shared/specs/dp_quantized.md): DPQ-DSGD, every node every round, the server routes the quantized
 # noisy messages (strategies/dpq.py)
 DPQ_KEYS = (
@@ -245,25 +247,25 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Seed 001 (spec shared/specs/dp_recal.md): the server only routes the baton along a random walk.
     "dp-recal": AlgorithmSpec(
-        "strategies.recal:DPRECAL", "clients.recal:RecalClient", RECAL_KEYS,
+        "fedapp.apps.recal:recal_strategy", "fedapp.apps.recal:recal_client", RECAL_KEYS,
         "DP-RECAL: one agent per round holds the baton (x, u~), (12a)-(12e) + Gaussian noise on u~, random-walk relay",
-        SEED001, RECAL_CHECKS, False,
+        SEED001, RECAL_CHECKS, False, RECAL_INITIAL, RECAL_EVALUATE,
     ),
     # DP-RECAL's Table V baselines: the server routes the agents' published messages (strategies/recal_baselines.py)
     "dp-pg-extra": AlgorithmSpec(
-        "strategies.recal_baselines:DPPGExtra", "clients.recal_baselines:PGExtraClient", SYNC_BASELINE_KEYS,
+        "fedapp.apps.recal:recal_strategy", "fedapp.apps.recal:recal_client", SYNC_BASELINE_KEYS,
         "DP-PG-EXTRA baseline of DP-RECAL: every agent every round, the server forwards neighbours' noisy x_j",
-        PG_EXTRA_PAPER, SYNC_BASELINE_CHECKS, False,
+        PG_EXTRA_PAPER, SYNC_BASELINE_CHECKS, False, RECAL_INITIAL, RECAL_EVALUATE,
     ),
     "dp-nids": AlgorithmSpec(
-        "strategies.recal_baselines:DPNids", "clients.recal_baselines:NidsClient", SYNC_BASELINE_KEYS,
+        "fedapp.apps.recal:recal_strategy", "fedapp.apps.recal:recal_client", SYNC_BASELINE_KEYS,
         "DP-NIDS baseline of DP-RECAL: every agent every round, the server forwards neighbours' noisy v_j",
-        NIDS_PAPER, SYNC_BASELINE_CHECKS, False,
+        NIDS_PAPER, SYNC_BASELINE_CHECKS, False, RECAL_INITIAL, RECAL_EVALUATE,
     ),
     "dp-rw-admm": AlgorithmSpec(
-        "strategies.recal_baselines:DPRWAdmm", "clients.recal_baselines:RWAdmmClient", RW_ADMM_KEYS,
+        "fedapp.apps.recal:recal_strategy", "fedapp.apps.recal:recal_client", RW_ADMM_KEYS,
         "DP-RW-ADMM baseline of DP-RECAL: a Walkman-style ADMM token relayed along the random walk, one hop per round",
-        RW_ADMM_PAPER, RW_ADMM_CHECKS, False,
+        RW_ADMM_PAPER, RW_ADMM_CHECKS, False, RECAL_INITIAL, RECAL_EVALUATE,
     ),
     "dpq-dsgd": AlgorithmSpec(
         "strategies.dpq:DPQDSGD", "clients.dpq:DPQClient", DPQ_KEYS,

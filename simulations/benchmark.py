@@ -290,14 +290,14 @@ def recal_throughput(out: Path, *, rounds: int = 60, connection: str | None = No
     flower = json.loads(res.results.read_text())
     from fedapp import topology
     from fedapp.algorithms.recal import simulate_dprecal
+    from fedapp.apps.recal import recal_problem, reference_solution, start_point
 
-    s = strategy
+    s, graph = strategy, strategy.graph
     t0 = time.perf_counter()
-    simulate_dprecal(s.problem, s.graph.neighbours, rounds,
-                     lambda cur, k: topology.next_agent(s.graph, cur, k, cfg.seed, cfg.walk,
-                                                        start=s.first_holder),
-                     s.first_holder, sigma1=s.sigma1, R=cfg.recal_r, x1=s.x1, x_star=s.x_star,
-                     eval_every=rounds)
+    simulate_dprecal(recal_problem(cfg), graph.neighbours, rounds,
+                     lambda cur, k: topology.next_agent(graph, cur, k, cfg.seed, cfg.walk, start=s.first_holder),
+                     s.first_holder, sigma1=s.sigma1, R=cfg.recal_r, x1=start_point(cfg),
+                     x_star=reference_solution(cfg), eval_every=rounds)
     sim_rate = rounds / (time.perf_counter() - t0)
     report = {"task": raw, "in-process rounds/s": 1 / _per_round(local), "flower rounds/s": 1 / _per_round(flower),
               "reference simulator iterations/s": sim_rate}

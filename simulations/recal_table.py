@@ -28,13 +28,14 @@ def run_table(out: Path, *, eps_list: tuple[float, ...] = (1.0, 5.0, 10.0), samp
               delta: float = 1e-3, seed: int = 0, graph_spec: str = "ring") -> list[dict[str, Any]]:
     """Every method at every epsilon (plus the noise-free runs); writes table.md and table.json under ``out``."""
     from fedapp import topology
-    from fedapp.algorithms.recal import alpha_for, beta_for, load_mnist_problem, simulate_dprecal, solve_elastic_net
+    from fedapp.algorithms.recal import alpha_for, beta_for, simulate_dprecal, solve_elastic_net
     from fedapp.algorithms.recal_baselines import (
         paper_communication,
         simulate_nids,
         simulate_pg_extra,
         simulate_rw_admm,
     )
+    from fedapp.apps.recal import STREAM_X1, load_mnist_problem
     from fedapp.privacy import zcdp
     from fedapp.sampling import rng_for
 
@@ -42,7 +43,7 @@ def run_table(out: Path, *, eps_list: tuple[float, ...] = (1.0, 5.0, 10.0), samp
     problem = load_mnist_problem(n, seed=seed, num_samples=samples or None)
     graph = topology.parse_graph(graph_spec, n, seed)
     x_star = solve_elastic_net(problem).x
-    x1 = rng_for(seed, 40).standard_normal(problem.x_shape)  # the same x^1 as strategies/recal.py (STREAM_X1)
+    x1 = rng_for(seed, STREAM_X1).standard_normal(problem.x_shape)  # the app's x^1 (fedapp.apps.recal.start_point)
     start = topology.start_agent(graph, "stationary", seed)
     beta = beta_for(n)
     l_max = max(a.lipschitz for a in problem.agents)

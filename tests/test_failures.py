@@ -172,8 +172,10 @@ TRACEBACKS = {
     "dpq-sigma-exp=50": ({**DPQ, "dpq-sigma-exp": 50.0}, "'dpq-sigma-exp' (50)", EXIT_CONFIG),
     "dpq-q-step=1e-300": ({**DPQ, "dpq-q-step": 1e-300}, "'dpq-q-step' (1e-300)", EXIT_CONFIG),
     # known only once the agents have registered their L_i (round 1): a failed run with no round
+    # the calibration needs L_max, known at registration (round 1); the strategy names its arguments, which the
+    # run config sets from recal-epsilon and recal-r
     "dp-recal recal-r=50": ({**RECAL, "recal-r": 50.0, "num-server-rounds": 2000},
-                            "run config keys 'recal-epsilon' (10) and 'recal-r' (50)", EXIT_FAILED),
+                            "epsilon = 10 and R = 50 cannot be met over xi_plan", EXIT_FAILED),
 }
 
 

@@ -94,8 +94,15 @@ RECAL = {"algorithm": "dp-recal", "dataset": "mnist", "num-clients": 8, "clients
 
 
 def test_dp_recal_flower_simulation_equals_inprocess_driver(tmp_path: Path) -> None:
-    """The server only routes: one holder per round, the baton (x, u~) relayed unchanged; same walk, same noise."""
-    res = run_flower(RECAL, tmp_path / "flower", num_supernodes=8, stream=False)
+    """The server only routes: one holder per round, the baton (x, u~) relayed unchanged; same walk, same noise.
+
+    On a simulation SuperLink of our own, whose ClientApps import this checkout (the shared daemon's import the
+    package installed in the environment)."""
+    from simulations.deploy import local_simulation
+
+    with local_simulation(flwr_home=tmp_path / "flwr-home") as sim:
+        res = run_flower(RECAL, tmp_path / "flower", num_supernodes=8, stream=False, connection=sim.connection,
+                         env=sim.env, simulation=True)
     assert res.status == "finished:completed"
     flower = json.loads(res.results.read_text())
     cfg = parse_run_config(RECAL)

@@ -67,13 +67,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.task.client_dataset",
     },
     "clients/iadmm.py": {"fedapp.client_base", "fedapp.client_base.FedClient", "fedapp.client_base.STREAM_NOISE"},
-    "clients/recal.py": {
-        "fedapp.client_base",
-        "fedapp.client_base.FedClient",
-        "fedapp.config",
-        "fedapp.config.RunConfig",
-    },
-    "clients/recal_baselines.py": {"fedapp.config", "fedapp.config.RunConfig"},
     "fedapp/algorithms/dpq.py": {
         "fedapp.data",
         "fedapp.data.load_dataset",
@@ -103,8 +96,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.models.torch_net.TorchNet",
     },
     "fedapp/algorithms/iadmm.py": {"fedapp.config", "fedapp.config.ConfigError", "fedapp.config.RunConfig"},
-    "fedapp/algorithms/recal.py": {"fedapp.config", "fedapp.config.ConfigError", "fedapp.data", "fedapp.data.sources"},
-    "fedapp/algorithms/recal_baselines.py": {"fedapp.config", "fedapp.config.ConfigError", "fedapp.config.RunConfig"},
     "strategies/_legacy_decentralized.py": {
         "fedapp.config",
         "fedapp.config.RunConfig",
@@ -149,24 +140,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.task",
         "fedapp.task.Evaluator",
         "fedapp.task.total_train_samples",
-    },
-    "strategies/recal.py": {
-        "fedapp.config",
-        "fedapp.config.ConfigError",
-        "fedapp.config.RunConfig",
-        "fedapp.strategy_base",
-        "fedapp.strategy_base.FederatedStrategy",
-        "fedapp.strategy_base.Scalar",
-        "fedapp.strategy_base.client_error_text",
-    },
-    "strategies/recal_baselines.py": {
-        "fedapp.config",
-        "fedapp.config.ConfigError",
-        "fedapp.config.RunConfig",
-        "fedapp.strategy_base",
-        "fedapp.strategy_base.FederatedStrategy",
-        "fedapp.strategy_base.Scalar",
-        "fedapp.strategy_base.client_error_text",
     },
 }
 

@@ -25,7 +25,6 @@ from fedapp.algorithms.recal import (
     encode_targets,
     lipschitz_power_iteration,
     load_covtype_problem,
-    load_mnist_problem,
     markov_next,
     minmax_scale,
     noise_sigma,
@@ -37,6 +36,7 @@ from fedapp.algorithms.recal import (
     split_agents,
 )
 from fedapp.algorithms.recal import synthetic_problem as synthetic
+from fedapp.apps.recal import load_mnist_problem
 from fedapp.data.sources import ArrayDataset, DatasetInfo
 
 N = 8
@@ -413,3 +413,18 @@ def test_load_covtype_problem_with_fake_fetch() -> None:
     assert rows.min() >= 0 and rows.max() <= 1 and np.all(rows[:, 3] == 0)  # constant column -> 0
     binary = load_covtype_problem(n_agents=8, num_samples=50, fetch=fetch, label_mode="binary_pm1")
     assert binary.x_shape == (4,)
+
+
+@pytest.mark.parametrize("outputs", [None, 3])
+def test_local_least_squares_on_the_flat_vector(outputs: int | None) -> None:
+    """A Flower message carries y flat (row-major, d = q C): value and gradient are the shaped ones, bit for bit."""
+    rng = np.random.default_rng(6)
+    shape = (5,) if outputs is None else (5, outputs)
+    for m in (40, 3):  # Gram path and direct path
+        agent = LocalLeastSquares(rng.uniform(0, 1, (m, 5)), rng.standard_normal((m, *shape[1:])))
+        y = rng.standard_normal(shape)
+        assert agent.dim == y.size
+        np.testing.assert_array_equal(agent.grad(y.ravel()), agent.grad(y).ravel())
+        np.testing.assert_array_equal(agent.grad_direct(y.ravel()), agent.grad_direct(y).ravel())
+        assert agent.value(y.ravel()) == agent.value(y)
+        assert agent.grad(y.ravel()).shape == (y.size,) and agent.grad(y).shape == shape

@@ -9,7 +9,8 @@ import pytest
 
 from fedapp import topology
 from fedapp.algorithms.recal import simulate_dprecal
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.apps.recal import recal_problem, reference_solution, start_point
+from fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedapp.privacy import zcdp
 from simulations.inprocess import run_inprocess
 from strategies.recal import DPRECAL
@@ -18,38 +19,42 @@ BASE: dict[str, Any] = {"algorithm": "dp-recal", "dataset": "mnist", "num-client
                         "num-server-rounds": 60, "recal-samples": 2000, "eval-every": 20}
 
 
-def run(**kw: Any) -> DPRECAL:
+def run(**kw: Any) -> tuple[DPRECAL, RunConfig]:
     cfg = parse_run_config({**BASE, **kw})
     strategy, _, _ = run_inprocess(cfg)
     assert isinstance(strategy, DPRECAL)
-    return strategy
+    return strategy, cfg
 
 
 @pytest.mark.parametrize("mode", ["exact", "private"])
 def test_flower_strategy_matches_the_reference_simulator_bit_for_bit(mode: str) -> None:
     """Same walk (fedapp.topology), same noise streams, same sigma_1: the baton x after K hops is identical."""
-    s = run(**{"recal-mode": mode, "recal-epsilon": 10.0})
-    cfg = s.cfg
+    s, cfg = run(**{"recal-mode": mode, "recal-epsilon": 10.0})
     graph = s.graph
+    assert graph is not None
     ref = simulate_dprecal(
-        s.problem, graph.neighbours, cfg.num_server_rounds,
+        recal_problem(cfg), graph.neighbours, cfg.num_server_rounds,
         lambda cur, k: topology.next_agent(graph, cur, k, cfg.seed, cfg.walk, start=s.first_holder),
         s.first_holder, mode=mode, sigma1=s.sigma1, R=cfg.recal_r, noise_seed=cfg.noise_seed, alpha_scale=cfg.alpha_scale,
-        x1=s.x1, x_star=s.x_star,
+        x1=start_point(cfg), x_star=reference_solution(cfg), eval_every=cfg.eval_every,
     )
-    np.testing.assert_array_equal(s.baton[0], ref.x)
+    # the strategy works on the flat vector of the user's arrays (here one (784, 10) array, row-major)
+    np.testing.assert_array_equal(s.baton[0], ref.x.ravel())
+    np.testing.assert_array_equal(s.current_arrays()["0"].numpy(), ref.x)
     np.testing.assert_array_equal(s.tau, ref.tau)
     assert s.sigma1 > 0
+    # the history's objective gap is the simulator's relative error at the same iterations (every 20th and the last)
+    assert [r.objective_gap for r in s.history if r.objective_gap is not None] == ref.rel_errors[1:].tolist()
 
 
 def test_communication_lci_and_realised_epsilon() -> None:
-    s = run(walk="cyclic", **{"recal-epsilon": 5.0, "walk-start": "fixed:0"})
+    s, cfg = run(walk="cyclic", **{"recal-epsilon": 5.0, "walk-start": "fixed:0"})
     K, n = 60, 8
-    assert s.graph_msgs == K  # one logical message per iteration (spec 7.6)
+    assert s.hops == K == s.history[-1].extra["graph_msgs"]  # one logical message per iteration (spec 7.6)
     np.testing.assert_array_equal(s.tau, np.full(n, K // n + (np.arange(n) < K % n)))  # Hamiltonian cycle
     xi = int(s.tau.max())
     assert xi == int(np.ceil(K / n)) == s.xi_plan
-    expected = zcdp.epsilon_from_noise(s.sigma1, s.delta_sens, s.cfg.recal_r, xi, s.cfg.recal_delta)
+    expected = zcdp.epsilon_from_noise(s.sigma1, s.delta_sens, cfg.recal_r, xi, cfg.recal_delta)
     assert s.history[-1].epsilon == pytest.approx(expected) == pytest.approx(5.0)  # calibrated to the plan
     for r in s.history[1:]:  # (round 1 also carries the registration) every hop is 2 baton transfers of float64 arrays, (x, u~) = 2 * 7840 * 8 bytes + framing
         assert 2 * 7840 * 8 < r.uplink_bytes < 2 * 7840 * 8 + 1000
@@ -57,15 +62,15 @@ def test_communication_lci_and_realised_epsilon() -> None:
 
 def test_without_noise_both_u_modes_coincide_and_there_is_no_privacy() -> None:
     """Spec 2.3: with sigma_1 = 0 exact and private mode are the same algorithm (u~ = u = sum lambda)."""
-    exact = run(**{"recal-epsilon": 0.0, "recal-mode": "exact"})
-    private = run(**{"recal-epsilon": 0.0, "recal-mode": "private"})
+    exact, _ = run(**{"recal-epsilon": 0.0, "recal-mode": "exact"})
+    private, _ = run(**{"recal-epsilon": 0.0, "recal-mode": "private"})
     np.testing.assert_array_equal(exact.baton[0], private.baton[0])
     np.testing.assert_array_equal(exact.baton[1], private.baton[1])
     assert exact.history[-1].epsilon == np.inf  # no noise: no privacy (null in results.json)
 
 
 def test_stop_on_budget_ends_before_any_agent_exceeds_the_plan() -> None:
-    s = run(**{"stop-on-budget": True, "xi-plan": "walk", "num-server-rounds": 200})
+    s, _ = run(**{"stop-on-budget": True, "xi-plan": "walk", "num-server-rounds": 200})
     assert s.finished and int(s.tau.max()) <= s.xi_plan < 200
     assert s.history[-1].epsilon <= 10.0 + 1e-9
 

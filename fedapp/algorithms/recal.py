@@ -20,11 +20,13 @@ same functions, so their arithmetic is identical):
 * :func:`sklearn_elastic_net_params`: scikit-learn's ``ElasticNet`` parameters that minimise the same objective
   (used by the tests as an independent check of x*);
 * :func:`simulate_dprecal`: the in-process reference loop (7.5) for long sweeps, the next holder given by a callable;
-* :func:`load_mnist_problem` / :func:`load_covtype_problem`: the data of the experiments (5.2).
+* :func:`load_covtype_problem` and the helpers of the MNIST problem (:func:`encode_targets`, :func:`split_agents`,
+  :func:`minmax_scale`): the data of the experiments (5.2); MNIST itself comes from the app's dataset registry
+  (:func:`fedapp.apps.recal.load_mnist_problem`).
 
 Data and target choice (5.2, A6, A7): MNIST's 60,000 training images, pixels divided by 255 (the min-max scaling
 of the pixel range; per-pixel min-max is offered as ``scaling="minmax"`` but the spec advises against it), the
-bias column of :func:`fedapp.data.load_dataset` dropped (q = 784), labels one-hot +-1 (C = 10, x is 784 x 10)
+bias column of the app's MNIST loader dropped (q = 784), labels one-hot +-1 (C = 10, x is 784 x 10)
 or even-vs-odd +-1, shuffled with a seeded permutation and cut into n = 8 parts of 7,500 with
 ``np.array_split``. covtype (needs a network): per-feature min-max with constant columns set to 0, a seeded
 55,500-row subsample, labels one-hot +-1 (C = 7) or Lodgepole Pine (class 2) vs rest; 55,500 / 8 is not an
@@ -204,6 +206,19 @@ class LocalLeastSquares:
         return (self.q,) if self.targets.ndim == 1 else (self.q, int(self.targets.shape[1]))
 
     @property
+    def dim(self) -> int:
+        """Number of entries of y (q or q C): the length of the flat vector a Flower message carries."""
+        return int(np.prod(self.x_shape))
+
+    def _shaped(self, y: ArrayLike) -> FloatArray:
+        """y as an array of ``x_shape``: a flat vector of ``dim`` entries is read row-major (numpy's C order, the
+        order :class:`fedapp.layout.ArrayLayout` flattens a (q, C) array in)."""
+        ya = _as_float(y)
+        if ya.ndim == 1 and len(self.x_shape) == 2 and ya.size == self.dim:
+            return ya.reshape(self.x_shape)
+        return ya
+
+    @property
     def uses_gram(self) -> bool:
         """Whether :meth:`grad` goes through the cached q x q Gram matrix (``q <= m_i``)."""
         return self.q <= self.m
@@ -230,20 +245,22 @@ class LocalLeastSquares:
         return float(max(np.linalg.eigvalsh(small)[-1], 0.0))
 
     def value(self, y: ArrayLike) -> float:
-        """``f_i(y) = ||B_i y - b_i||^2 / (2 m_i)`` (direct formula)."""
-        res = self.features @ _as_float(y) - self.targets
+        """``f_i(y) = ||B_i y - b_i||^2 / (2 m_i)`` (direct formula); y of ``x_shape`` or flat."""
+        res = self.features @ self._shaped(y) - self.targets
         return 0.5 * float(np.vdot(res, res)) / self.m
 
     def grad(self, y: ArrayLike) -> FloatArray:
-        """``grad f_i(y) = (1/m_i) B_i^T (B_i y - b_i)``, shape of y."""
+        """``grad f_i(y) = (1/m_i) B_i^T (B_i y - b_i)``, shape of y (``x_shape`` or flat)."""
         ya = _as_float(y)
-        if self.uses_gram:
-            return np.asarray(self.gram @ ya - self.moment, dtype=np.float64)
-        return self.grad_direct(ya)
+        if not self.uses_gram:
+            return self.grad_direct(ya)
+        return np.asarray(self.gram @ self._shaped(ya) - self.moment, dtype=np.float64).reshape(ya.shape)
 
     def grad_direct(self, y: ArrayLike) -> FloatArray:
-        """The gradient by the direct formula ``B_i^T (B_i y - b_i) / m_i``."""
-        return np.asarray(self.features.T @ (self.features @ _as_float(y) - self.targets) / self.m, dtype=np.float64)
+        """The gradient by the direct formula ``B_i^T (B_i y - b_i) / m_i``, shape of y."""
+        ya = _as_float(y)
+        g = self.features.T @ (self.features @ self._shaped(ya) - self.targets) / self.m
+        return np.asarray(g, dtype=np.float64).reshape(ya.shape)
 
 
 def lipschitz_power_iteration(features: ArrayLike, iters: int = 1000, tol: float = 1e-13, seed: int = 0) -> float:
@@ -982,43 +999,6 @@ def split_agents(
     return [xa[p] for p in parts], [ta[p] for p in parts]
 
 
-def load_mnist_problem(
-    n_agents: int = 8,
-    *,
-    seed: int = 0,
-    label_mode: str = "onehot_pm1",
-    num_samples: int | None = None,
-    nu1: float = 0.5,
-    nu2: float = 0.5,
-    scaling: str = "pixel255",
-    source: str = "offline",
-    root: str | None = None,
-) -> ElasticNetProblem:
-    """The MNIST problem of the experiments (5.1, 5.2) from :func:`fedapp.data.load_dataset` ("mnist", train split).
-
-    * features: the 784 pixels in [0, 1]. ``scaling="pixel255"`` (default, spec 5.2 [interp]): pixels / 255 as the
-      loader gives them; ``"minmax"``: per-pixel min-max (always-zero pixels -> 0). The loader's bias column is
-      dropped, as the paper's q = 784 has none. No missing values (checked: all finite).
-    * targets (A6): ``"onehot_pm1"`` -> b_ij in {-1, +1}^10, x of shape (784, 10); ``"binary_pm1"`` -> even digit
-      +1, odd -1, x of shape (784,) (x* = 0 for nu1 = 1/2, spec A9).
-    * split: seeded permutation, first ``num_samples`` rows (all 60,000 by default), ``np.array_split`` into
-      ``n_agents`` parts (7,500 each for n = 8).
-    """
-    from fedapp.data import sources  # lazy: keeps this module import-light; patchable in tests
-
-    if scaling not in MNIST_SCALINGS:
-        raise ValueError(f"unknown scaling {scaling!r}; valid: {', '.join(MNIST_SCALINGS)}")
-    train, _, info = sources.load_dataset("mnist", source, root)
-    feats = np.asarray(train.x[:, :-1], dtype=np.float64)  # drop the bias column
-    if not np.isfinite(feats).all():
-        raise ValueError("MNIST features contain non-finite values")
-    if scaling == "minmax":
-        feats = minmax_scale(feats)
-    targets = encode_targets(train.y, label_mode, info.num_classes, positive=(0, 2, 4, 6, 8))
-    b_parts, t_parts = split_agents(feats, targets, n_agents, seed, num_samples)
-    return ElasticNetProblem.from_arrays(b_parts, t_parts, nu1, nu2)
-
-
 def load_covtype_problem(
     n_agents: int = 8,
     *,
@@ -1049,28 +1029,3 @@ def load_covtype_problem(
     targets = encode_targets(labels, label_mode, 7, positive=(COVTYPE_POSITIVE_CLASS - 1,))
     b_parts, t_parts = split_agents(feats, targets, n_agents, seed, min(num_samples, feats.shape[0]))
     return ElasticNetProblem.from_arrays(b_parts, t_parts, nu1, nu2)
-
-
-def validate_config(cfg: Any) -> None:
-    """DP-RECAL's run-config rules (raise ConfigError naming the key), checked before any round."""
-    from fedapp import topology
-    from fedapp.config import ConfigError
-
-    if cfg.dataset not in ("mnist", "covtype"):
-        raise ConfigError(f"run config key 'dataset' is {cfg.dataset!r}; {cfg.algorithm} solves the paper's elastic net "
-                          "on 'mnist' (offline) or 'covtype' (data-source=online, scikit-learn's loader)")
-    if cfg.dataset == "covtype" and cfg.data_source != "online":
-        raise ConfigError("run config key 'data-source' must be 'online' for dataset 'covtype' (it is downloaded by "
-                          "scikit-learn's fetch_covtype, so it needs a network)")
-    if cfg.num_clients < 2:
-        raise ConfigError("run config key 'num-clients' must be >= 2 for a graph of agents")
-    try:
-        topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
-    except ValueError as err:
-        raise ConfigError(f"run config key 'graph' is invalid: {err}") from None
-    start = cfg.walk_start
-    if start not in ("stationary", "uniform") and not (start.startswith("fixed:") and start[6:].isdigit()
-                                                       and int(start[6:]) < cfg.num_clients):
-        raise ConfigError(f"run config key 'walk-start' is {start!r}; use 'stationary', 'uniform' or 'fixed:<id>' with "
-                          f"id < num-clients ({cfg.num_clients})")
-    # recal-epsilon = 0 with recal-sigma1 = 0 is RECAL without noise (allowed, not private)

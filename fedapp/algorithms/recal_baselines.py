@@ -114,7 +114,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -122,9 +121,6 @@ from numpy.typing import ArrayLike, NDArray
 from fedapp import topology
 from fedapp.algorithms.recal import ElasticNetProblem, FloatArray, prox_nr, solve_elastic_net
 from fedapp.privacy import zcdp
-
-if TYPE_CHECKING:
-    from fedapp.config import RunConfig
 
 __all__ = [
     "ALGORITHMS",
@@ -166,8 +162,6 @@ __all__ = [
     "simulate_nids",
     "simulate_pg_extra",
     "simulate_rw_admm",
-    "validate_rw_admm_config",
-    "validate_sync_config",
 ]
 
 GradFn = Callable[[FloatArray], FloatArray]
@@ -1096,32 +1090,3 @@ def data_free_sensitivity(algorithm: str, graph: topology.Graph, alpha_scale: fl
     if algo == "rw-admm":
         return rw_admm_sensitivity(beta_scale, 1.0, graph.n)
     raise ValueError(f"{algorithm!r} is not a Table V baseline with a data-free sensitivity")
-
-
-def _validate_baseline(cfg: RunConfig, algorithm: str, xi: Callable[[topology.Graph], int]) -> None:
-    from fedapp.algorithms.recal import validate_config
-    from fedapp.config import ConfigError
-
-    validate_config(cfg)  # dataset, data-source, num-clients >= 2, graph, walk-start
-    if cfg.recal_epsilon <= 0:
-        return  # sigma_1 = recal-sigma1 as given (0: the non-private algorithm)
-    graph = topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
-    delta_s = data_free_sensitivity(algorithm, graph, cfg.alpha_scale, cfg.rw_beta_scale)
-    try:
-        baseline_sigma1(cfg.recal_epsilon, cfg.recal_delta, cfg.recal_r, xi(graph), delta_s)
-    except zcdp.CalibrationOverflowError as err:
-        raise ConfigError(f"run config key 'recal-r' = {cfg.recal_r} makes sigma_1 unrepresentable for "
-                          f"{cfg.algorithm} (recal-epsilon={cfg.recal_epsilon}): {err}") from None
-
-
-def validate_sync_config(cfg: RunConfig) -> None:
-    """dp-pg-extra / dp-nids run-config rules (ConfigError naming the key): DP-RECAL's
-    :func:`fedapp.algorithms.recal.validate_config`, and a representable sigma_1 at ``xi = num-server-rounds``."""
-    algorithm = "nids" if cfg.algorithm == "dp-nids" else "pg-extra"
-    _validate_baseline(cfg, algorithm, lambda _g: cfg.num_server_rounds)
-
-
-def validate_rw_admm_config(cfg: RunConfig) -> None:
-    """dp-rw-admm run-config rules: DP-RECAL's, and a representable sigma_1 at the planned LCI
-    (:func:`fedapp.topology.plan_xi` of num-server-rounds token hops, rule ``xi-plan``)."""
-    _validate_baseline(cfg, "rw-admm", lambda g: topology.plan_xi(cfg.num_server_rounds, g, cfg.walk, rule=cfg.xi_plan))
