@@ -15,8 +15,8 @@ broadcasts the initial model itself (with the paper's zero initialisation, the z
 The global sample count I (every f_p carries 1/I, (2c)) is ``total_samples`` when the operator knows it; otherwise
 the strategy asks every agent for its count I_p in one extra exchange before round 1 (``query.whoami``, which
 :class:`clients.iadmm.IADMMClient` answers with ``num-examples``). Flower's per-reply ``num-examples`` would come
-too late: round 1's local solves already need I. I affects only the scaling of the objective, not privacy: the
-Laplace scale Delta / epsilon and the gradient both carry the same 1/I.
+too late: round 1's local solves already need I. A wrong I changes only the weight of the data term, not
+privacy: the Laplace scale Delta / epsilon and the data term's gradient carry the same 1/I.
 """
 
 from __future__ import annotations
