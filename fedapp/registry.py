@@ -156,7 +156,8 @@ FEDPROX_PAPER = "Li et al., Federated Optimization in Heterogeneous Networks, ML
 SCAFFOLD_PAPER = "Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020"
 SEED002 = "Ryu & Kim, Differentially Private Federated Learning via Inexact ADMM with Multiple Local Updates"
 HUANG_PAPER = "Huang et al., DP-ADMM: ADMM-based Distributed Learning with Differential Privacy, IEEE TIFS 15, 2020"
-IADMM_CHECKS = "fedapp.algorithms.iadmm:validate_config"
+IADMM_CHECKS = "fedapp.apps.iadmm:validate_config"
+IADMM_INITIAL = "fedapp.apps.iadmm:zero_initial_model"
 FEDDYN_PAPER = "Acar et al., Federated Learning Based on Dynamic Regularization, ICLR 2021"
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
@@ -207,22 +208,22 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Seed 002 (spec shared/specs/dp_iadmm.md): all agents every round, duals replicated on server and agents.
     "dp-iadmm": AlgorithmSpec(
-        "strategies.iadmm:DPIADMM", "clients.iadmm:IADMMClient", (*OBJP_KEYS, "local-updates"),
+        "fedapp.apps.iadmm:iadmm_strategy", "fedapp.apps.iadmm:iadmm_client", (*OBJP_KEYS, "local-updates"),
         "DP-IADMM (Alg. 1): E Laplace objective-perturbed inexact ADMM solves per round, average sent", SEED002,
-        IADMM_CHECKS, False,
+        IADMM_CHECKS, False, IADMM_INITIAL,
     ),
     "objp": AlgorithmSpec(
-        "strategies.iadmm:DPIADMM", "clients.iadmm:IADMMClient", OBJP_KEYS,
-        "ObjP: DP-IADMM with E = 1 (Section IV)", SEED002, IADMM_CHECKS, False,
+        "fedapp.apps.iadmm:iadmm_strategy", "fedapp.apps.iadmm:iadmm_client", OBJP_KEYS,
+        "ObjP: DP-IADMM with E = 1 (Section IV)", SEED002, IADMM_CHECKS, False, IADMM_INITIAL,
     ),
     "objpm": AlgorithmSpec(
-        "strategies.iadmm:DPIADMM", "clients.iadmm:IADMMClient", OBJP_KEYS,
-        "ObjPM: DP-IADMM with E = 10 local updates (Section IV)", SEED002, IADMM_CHECKS, False,
+        "fedapp.apps.iadmm:iadmm_strategy", "fedapp.apps.iadmm:iadmm_client", OBJP_KEYS,
+        "ObjPM: DP-IADMM with E = 10 local updates (Section IV)", SEED002, IADMM_CHECKS, False, IADMM_INITIAL,
     ),
     "outp": AlgorithmSpec(
-        "strategies.iadmm:OutP", "clients.iadmm:OutPClient", OUTP_KEYS,
+        "fedapp.apps.iadmm:iadmm_strategy", "fedapp.apps.iadmm:iadmm_client", OUTP_KEYS,
         "OutP baseline: inexact ADMM with Gaussian output perturbation, (eps, delta)-DP (reference code, spec 5.2)",
-        HUANG_PAPER, IADMM_CHECKS, False,
+        HUANG_PAPER, IADMM_CHECKS, False, IADMM_INITIAL,
     ),
     # Seed 003 (spec shared/specs/fedrep.md): all m clients every round, two exchanges per round.
     "fedrep": AlgorithmSpec(

@@ -54,7 +54,7 @@ def build_model(cfg: RunConfig, info: DatasetInfo | None = None) -> LinearModel:
     For the DP-IADMM family the l2 weight is 2 * iadmm-beta, so that the model's loss (mean cross-entropy +
     (l2/2)||w||^2) is the paper's objective (1) on the data it is given.
     """
-    from fedapp.algorithms.iadmm import IADMM_ALGORITHMS
+    from fedapp.apps.iadmm import IADMM_ALGORITHMS
 
     info = info or dataset_info(cfg)
     beta = 2.0 * cfg.iadmm_beta if cfg.algorithm in IADMM_ALGORITHMS else cfg.beta

@@ -16,6 +16,7 @@ from scipy.optimize import minimize
 from fedapp.algorithms.iadmm import (
     RHO_FEMNIST,
     AgentData,
+    MultinomialObjective,
     agent_round,
     dual_update,
     gradient,
@@ -142,7 +143,7 @@ def _alg1(agents: list[AgentData], rounds: int, *, local_updates: int, rho: floa
         eta_t = eta(t) if callable(eta) else float(eta)  # type: ignore[arg-type]
         w = server_w_update(z, lam, rho)
         for i, a in enumerate(agents):
-            r = agent_round(a, last[i], w, lam[i], rho=rho, eta=eta_t, local_updates=local_updates, epsilon=epsilon,
+            r = agent_round(MultinomialObjective(a), last[i], w, lam[i], rho=rho, eta=eta_t, local_updates=local_updates, epsilon=epsilon,
                             rng=np.random.default_rng([seed, i, t]))
             z[i], last[i] = r.z_avg, r.z_last
             lam[i] = dual_update(lam[i], w, z[i], rho)
@@ -216,7 +217,7 @@ def test_start_point_is_the_last_iterate_and_the_average_of_the_new_ones() -> No
     a = _problem()[0]
     rng = np.random.default_rng(3)
     w, lam, z0 = (rng.normal(size=a.shape) for _ in range(3))
-    r = agent_round(a, z0, w, lam, rho=2.0, eta=0.5, local_updates=3, epsilon=INF, rng=rng)
+    r = agent_round(MultinomialObjective(a), z0, w, lam, rho=2.0, eta=0.5, local_updates=3, epsilon=INF, rng=rng)
     z, its = z0, []
     for _ in range(3):
         z = local_step(z, w, lam, gradient(a, z, residual(a, z)), 0.0, 2.0, 0.5)
@@ -229,12 +230,13 @@ def test_reductions_objpm_e1_is_objp_and_outp_alg1_noise_free_is_objp() -> None:
     a = _problem()[1]
     rng = np.random.default_rng(4)
     z, w, lam = (rng.normal(size=a.shape) for _ in range(3))
-    r1 = agent_round(a, z, w, lam, rho=3.0, eta=0.25, local_updates=1, epsilon=0.5, rng=np.random.default_rng(9))
+    r1 = agent_round(MultinomialObjective(a), z, w, lam, rho=3.0, eta=0.25, local_updates=1, epsilon=0.5, rng=np.random.default_rng(9))
     xi = laplace_noise(np.random.default_rng(9), r1.scales[0], a.shape)
     manual = local_step(z, w, lam, gradient(a, z, residual(a, z)), xi, 3.0, 0.25)
     np.testing.assert_array_equal(r1.z_avg, manual)
-    clean = agent_round(a, z, w, lam, rho=3.0, eta=0.25, local_updates=1, epsilon=INF, rng=np.random.default_rng(0))
-    out, noise = outp_step(a, z, w, lam, rho=3.0, inv_eta=4.0, std=0.0, rng=np.random.default_rng(0), normaliser=None)
+    clean = agent_round(MultinomialObjective(a), z, w, lam, rho=3.0, eta=0.25, local_updates=1, epsilon=INF, rng=np.random.default_rng(0))
+    out, noise = outp_step(MultinomialObjective(a, None), z, w, lam, rho=3.0, inv_eta=4.0, std=0.0,
+                           rng=np.random.default_rng(0))
     np.testing.assert_array_equal(out, clean.z_avg)
     assert noise == 0.0
 
@@ -326,11 +328,11 @@ def test_run_reports_per_iteration_per_round_and_cumulative_privacy(tmp_path: Pa
 ])
 def test_server_and_agent_duals_are_identical_after_every_round(algorithm: str, extra: dict[str, object]) -> None:
     from fedapp.runner import build_strategy
-    from strategies.iadmm import DPIADMM
+    from strategies.iadmm import ConsensusADMM
 
     cfg = parse_run_config({**SMALL, "algorithm": algorithm, **extra})
     s = build_strategy(cfg, evaluate=False)
-    assert isinstance(s, DPIADMM)
+    assert isinstance(s, ConsensusADMM)
     contexts = make_contexts(cfg)
     s.attach({p: p for p in contexts})
     huang = algorithm == "outp" and cfg.outp_order == "huang"
@@ -396,7 +398,8 @@ def test_torch_cpu_gradient_equals_numpy_and_auto_is_cpu_without_cuda(monkeypatc
     np.testing.assert_allclose(residual(d, z), ref_res, rtol=0, atol=1e-14)
     np.testing.assert_allclose(gradient(d, z, residual(d, z)), ref_grad, rtol=1e-12, atol=1e-15)
     # a whole agent round (E = 5, Laplace noise) on torch-cpu vs the numpy gradient: equal to float tolerance
-    r = agent_round(d, z, w, lam, rho=2.0, eta=0.5, local_updates=5, epsilon=0.5, rng=np.random.default_rng(1))
+    r = agent_round(MultinomialObjective(d), z, w, lam, rho=2.0, eta=0.5, local_updates=5, epsilon=0.5,
+                    rng=np.random.default_rng(1))
     zz, acc, numpy_rng = z, np.zeros_like(z), np.random.default_rng(1)
     for _ in range(5):
         res, g = _numpy_residual_and_gradient(d, zz)
@@ -409,7 +412,8 @@ def test_torch_cpu_gradient_equals_numpy_and_auto_is_cpu_without_cuda(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     auto = AgentData(x, y, 7, 900, 0.3, 3, device="auto")
     assert auto.device == "cpu" and resolve_device("auto") == "cpu"
-    r_auto = agent_round(auto, z, w, lam, rho=2.0, eta=0.5, local_updates=5, epsilon=0.5, rng=np.random.default_rng(1))
+    r_auto = agent_round(MultinomialObjective(auto), z, w, lam, rho=2.0, eta=0.5, local_updates=5, epsilon=0.5,
+                         rng=np.random.default_rng(1))
     np.testing.assert_array_equal(r_auto.z_avg, r.z_avg)  # same device, same arithmetic: bit-identical
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == "cuda" and resolve_device("cpu") == "cpu"
@@ -422,7 +426,7 @@ def test_cuda_gradient_equals_cpu() -> None:
     rng = np.random.default_rng(12)
     x, y = rng.uniform(0, 1, size=(300, 40)), rng.integers(0, 7, size=300)
     z, w, lam = (rng.normal(0, 0.5, size=(7, 40)) for _ in range(3))
-    runs = [agent_round(AgentData(x, y, 7, 900, 0.3, 3, device=dev), z, w, lam, rho=2.0, eta=0.5, local_updates=5,
+    runs = [agent_round(MultinomialObjective(AgentData(x, y, 7, 900, 0.3, 3, device=dev)), z, w, lam, rho=2.0, eta=0.5, local_updates=5,
                         epsilon=0.5, rng=np.random.default_rng(1)) for dev in ("cpu", "cuda")]
     np.testing.assert_allclose(runs[1].z_avg, runs[0].z_avg, rtol=1e-10, atol=1e-12)
 
@@ -477,7 +481,8 @@ def test_digits_non_private_errors_match_the_spec_table() -> None:
             rho = rho_schedule(t, INF)
             w = server_w_update(z, lam, rho)
             for i, a in enumerate(agents):
-                r = agent_round(a, last[i], w, lam[i], rho=rho, eta=1 / math.sqrt(t), local_updates=e, epsilon=INF,
+                r = agent_round(MultinomialObjective(a), last[i], w, lam[i], rho=rho, eta=1 / math.sqrt(t),
+                                local_updates=e, epsilon=INF,
                                 rng=np.random.default_rng(0))
                 z[i], last[i] = r.z_avg, r.z_last
                 lam[i] = dual_update(lam[i], w, z[i], rho)

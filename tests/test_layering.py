@@ -66,7 +66,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.task.build_net",
         "fedapp.task.client_dataset",
     },
-    "clients/iadmm.py": {"fedapp.client_base", "fedapp.client_base.FedClient", "fedapp.client_base.STREAM_NOISE"},
     "fedapp/algorithms/dpq.py": {
         "fedapp.data",
         "fedapp.data.load_dataset",
@@ -95,7 +94,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.models.torch_net.TORCH_MODELS",
         "fedapp.models.torch_net.TorchNet",
     },
-    "fedapp/algorithms/iadmm.py": {"fedapp.config", "fedapp.config.ConfigError", "fedapp.config.RunConfig"},
     "strategies/_legacy_decentralized.py": {
         "fedapp.config",
         "fedapp.config.RunConfig",
@@ -129,17 +127,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.task.Evaluator",
         "fedapp.task.build_model",
         "fedapp.task.build_net",
-    },
-    "strategies/iadmm.py": {
-        "fedapp.config",
-        "fedapp.config.RunConfig",
-        "fedapp.strategy_base",
-        "fedapp.strategy_base.BroadcastStrategy",
-        "fedapp.strategy_base.RoundFailed",
-        "fedapp.strategy_base.Scalar",
-        "fedapp.task",
-        "fedapp.task.Evaluator",
-        "fedapp.task.total_train_samples",
     },
 }
 

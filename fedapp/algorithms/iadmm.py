@@ -3,13 +3,25 @@
 Ryu & Kim, "Differentially Private Federated Learning via Inexact ADMM with Multiple Local Updates" (seed 002;
 spec ``shared/specs/dp_iadmm.md``). Equation numbers are the paper's.
 
-Arrays: the model of App. G (63) is w in R^{J x K}; we store its transpose, one row of J weights per class
-(K x J, the layout of :class:`fedapp.models.MultinomialLogistic`). Every operation below except the gradient and
-the sensitivity is element-wise, so the two layouts give the same iterates.
-
-Everything here is a pure function of its arguments (no Flower, no state): the Strategy (server) and the
+Everything here is a pure function of its arguments (no Flower, no run config): the Strategy (server) and the
 NumPyClient (agent) call the same functions, so the server's and the agent's dual copies (4c) are computed by
 identical arithmetic.
+
+The local solve needs f_p' (the gradient of (2c), which carries the global 1/I) and, under DP, the L1 sensitivity
+Delta_p of its data term (9b). A :class:`LocalObjective` supplies both:
+
+* :class:`MultinomialObjective`: the paper's model (63), multinomial logistic regression, in closed form on
+  :class:`AgentData`. Only this model has the paper's sensitivity (``"paper"``, Section IV) and the bounded one
+  (``"bounded"``, spec 4.6), both derived from its gradient ``x_i (h_i - y_i)^T``. We store w^T, one row of J
+  weights per class (K x J, the layout of :class:`fedapp.models.MultinomialLogistic`); every operation except the
+  gradient and the sensitivity is element-wise, so the two layouts give the same iterates;
+* :class:`ModelObjective`: any model on the flat-vector interface (a torch ``nn.Module`` through
+  :class:`fedapp.models.torch_model.TorchModel`, or a numpy object with ``dim`` / ``grad`` / ``loss``), with the
+  data term summed over the local data in chunks. Its DP calibration is per-sample gradient clipping
+  (``"clipped"``: every sample's gradient clipped to norm C, so replacing one sample moves the sum by at most 2C),
+  which needs the model's per-sample gradients.
+
+:func:`local_objective` picks the one that fits a model and a sensitivity mode, and names what is missing.
 """
 
 from __future__ import annotations
@@ -17,28 +29,30 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from fedapp.localdata import ArrayData, TorchData
 from fedapp.models.base import FloatArray
+from fedapp.models.multinomial import MultinomialLogistic
 from fedapp.privacy.gaussian import add_gaussian_noise, gaussian_noise_std
 from fedapp.privacy.laplace import laplace_noise, laplace_scale
-
-if TYPE_CHECKING:
-    from fedapp.config import RunConfig
 
 #: (c1, c2, T_c) of the rho schedule (24), Section IV "Parameters"
 RHO_MNIST = (2.0, 5.0, 10_000)
 RHO_FEMNIST = (0.005, 0.05, 2_000)
 #: the cap of (24)
 RHO_CAP = 1e9
-#: E of the convenience keys: ObjP is Algorithm 1 with E = 1, ObjPM with E = 10 (Section IV); OutP has one step
-FIXED_LOCAL_UPDATES = {"objp": 1, "objpm": 10, "outp": 1}
-IADMM_ALGORITHMS = ("dp-iadmm", "objp", "objpm", "outp")
-IADMM_MODELS = ("multinomial-nobias", "multinomial")
-#: run-config key ``device``: where the torch softmax-regression gradient runs ("auto": cuda if available, else cpu)
+#: eta^t schedules: (19) the default, a constant, (15) and (22)
+ETA_KINDS = ("inv-sqrt", "const", "smooth", "strong")
+#: Delta of the Laplace algorithms: the paper's formula, the bounded-feature bound (both model (63) only), and
+#: per-sample gradient clipping (any model with per-sample gradients)
+SENSITIVITY_MODES = ("paper", "bounded", "clipped")
+#: L2 sensitivity of OutP's Gaussian output noise: the reference code's constant (model (63)) or clipping
+OUTP_SENSITIVITY_MODES = ("reference", "clipped")
+#: where the torch softmax-regression gradient runs ("auto": cuda if available, else cpu)
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -105,6 +119,88 @@ def eta_schedule(t: int, kind: str = "inv-sqrt", scale: float = 1.0, *, lipschit
     raise ValueError(f"unknown eta schedule {kind!r}; valid: 'inv-sqrt', 'const', 'smooth', 'strong'")
 
 
+@dataclass(frozen=True)
+class RhoSchedule:
+    """The penalty schedule (24): ``rho^t = min{cap, c1 1.2^floor(t / T_c) + c2 / epsilon-bar}``.
+
+    Nondecreasing and bounded, as Assumption 1(i) requires. Without privacy (epsilon-bar = inf) the c2 term is 0.
+
+    Parameters
+    ----------
+    c1, c2
+        Constants of (24): MNIST 2 and 5 (the defaults), FEMNIST 0.005 and 0.05 (:meth:`femnist`).
+    period
+        T_c of (24): MNIST 10 000 (default), FEMNIST 2 000.
+    cap
+        The cap of (24), 1e9 (never binds in the paper's T = 20 000 rounds).
+    """
+
+    c1: float = RHO_MNIST[0]
+    c2: float = RHO_MNIST[1]
+    period: int = RHO_MNIST[2]
+    cap: float = RHO_CAP
+
+    def __post_init__(self) -> None:
+        for name, v, ok in (("c1", self.c1, self.c1 > 0), ("c2", self.c2, self.c2 >= 0), ("cap", self.cap, self.cap > 0)):
+            if not (ok and math.isfinite(v)):
+                raise ValueError(f"RhoSchedule {name} must be a finite number {'>=' if name == 'c2' else '>'} 0, got {v!r}")
+        if isinstance(self.period, bool) or not isinstance(self.period, int) or self.period < 1:
+            raise ValueError(f"RhoSchedule period must be an integer >= 1, got {self.period!r}")
+
+    @classmethod
+    def mnist(cls) -> RhoSchedule:
+        """(24) with the paper's MNIST constants (2, 5, 10 000)."""
+        return cls(*RHO_MNIST)
+
+    @classmethod
+    def femnist(cls) -> RhoSchedule:
+        """(24) with the paper's FEMNIST constants (0.005, 0.05, 2 000)."""
+        return cls(*RHO_FEMNIST)
+
+    def __call__(self, t: int, epsilon: float) -> float:
+        """rho^t of round t at per-solve budget ``epsilon`` (``math.inf``: non-private)."""
+        return rho_schedule(t, epsilon, self.c1, self.c2, self.period, self.cap)
+
+
+@dataclass(frozen=True)
+class EtaSchedule:
+    """The proximity parameter eta^t of the local solves (the same for all E solves of a round).
+
+    The paper does not state its experimental choice (spec A3); the reference code uses (19) with a = 1.
+
+    Parameters
+    ----------
+    kind
+        ``"inv-sqrt"``: ``scale / sqrt(t)``, schedule (19) (default); ``"const"``: ``scale``;
+        ``"smooth"``: ``1 / (L + sqrt(t) / epsilon-bar)``, (15); ``"strong"``: ``2 / (alpha (t + 2))``, (22).
+    scale
+        a of ``"inv-sqrt"`` / ``"const"`` (default 1).
+    lipschitz
+        L of (15) (``"smooth"`` only, > 0).
+    alpha
+        The strong-convexity modulus of (22) (``"strong"`` only, > 0).
+    """
+
+    kind: str = "inv-sqrt"
+    scale: float = 1.0
+    lipschitz: float = 0.0
+    alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ETA_KINDS:
+            raise ValueError(f"EtaSchedule kind must be one of {list(ETA_KINDS)}, got {self.kind!r}")
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ValueError(f"EtaSchedule scale must be a finite number > 0, got {self.scale!r}")
+        if self.kind == "smooth" and not self.lipschitz > 0:
+            raise ValueError(f"EtaSchedule('smooth') needs lipschitz = L > 0 of (15), got {self.lipschitz!r}")
+        if self.kind == "strong" and not self.alpha > 0:
+            raise ValueError(f"EtaSchedule('strong') needs alpha > 0 of (22), got {self.alpha!r}")
+
+    def __call__(self, t: int, epsilon: float) -> float:
+        """eta^t of round t (``epsilon`` is used by (15) only)."""
+        return eta_schedule(t, self.kind, self.scale, lipschitz=self.lipschitz, epsilon=epsilon, alpha=self.alpha)
+
+
 # --------------------------------------------------------------------------------------------- local data
 def row_l1(inputs: FloatArray) -> FloatArray:
     """||x_i||_1 of every row."""
@@ -143,7 +239,7 @@ class AgentData:
     device
         Torch device of :func:`residual` and :func:`gradient` (:data:`DEVICES`; ``"auto"`` is resolved here, so the
         attribute holds ``"cpu"`` or ``"cuda"``). The arithmetic is float64 on every device; on ``"cuda"`` the agent's
-        X_p is copied to the GPU when the AgentData is built (once per round in the client) and each residual and
+        X_p is copied to the GPU when the AgentData is built (once per run in the client) and each residual and
         gradient is copied back, the rest of the step (element-wise) stays in numpy.
     """
 
@@ -242,6 +338,188 @@ def sensitivity_bounded(clip_l1: float, total: int, adjacency: str = "replace") 
     return (4.0 if adjacency == "replace" else 2.0) * clip_l1 / total
 
 
+def sensitivity_clipped(clip: float, normaliser: float) -> float:
+    """Replace-one sensitivity of ``(1/n) sum_i clip_C(g_i)`` in the clipping norm: ``2 C / n``.
+
+    Every clipped per-sample gradient has norm <= C, so replacing one sample moves the sum by at most 2C. Data
+    independent and rigorous for any model (I = n public and fixed).
+    """
+    if not clip > 0:
+        raise ValueError(f"the clipping bound C must be > 0, got {clip}")
+    return 2.0 * clip / normaliser
+
+
+def clip_factors(norms: FloatArray, clip: float) -> FloatArray:
+    """``min(1, C / ||g_i||)``: the factors that scale every per-sample gradient to norm <= C."""
+    return np.asarray(np.minimum(1.0, clip / np.maximum(norms, np.finfo(np.float64).tiny)), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------- local objectives
+class LocalObjective(Protocol):
+    """f_p of (2c) on one agent's data, as a local solve needs it."""
+
+    @property
+    def size(self) -> int:
+        """I_p, the agent's sample count."""
+        ...
+
+    def terms(self, z: FloatArray) -> tuple[FloatArray, float]:
+        """f_p'(z) (same shape as z) and the sensitivity Delta_p of its data term at z (0 without a DP mode)."""
+        ...
+
+
+class MultinomialObjective:
+    """f_p of (2c) for the paper's model (63), multinomial logistic regression, in closed form.
+
+    Parameters
+    ----------
+    data
+        The agent's samples and the constants I, beta, P (:class:`AgentData`). For ``"bounded"`` its rows must
+        already be L1-clipped to ``clip`` (:func:`clip_rows_l1`; :func:`local_objective` does it).
+    sensitivity
+        ``"paper"`` (default): Section IV's Delta at every iterate (:func:`sensitivity_paper`; data-dependent, not a
+        rigorous bound, spec A2); ``"bounded"``: ``4 C1 / I`` (:func:`sensitivity_bounded`, spec 4.6);
+        ``"clipped"``: every per-sample gradient ``x_i (h_i - y_i)^T`` scaled to norm <= C (its L1 norm is
+        ``||x_i||_1 ||h_i - y_i||_1``, its L2 norm ``||x_i||_2 ||h_i - y_i||_2``), Delta = ``2 C / n``;
+        None: no sensitivity (0).
+    clip
+        C1 of ``"bounded"``, C of ``"clipped"``.
+    norm
+        The clipping norm of ``"clipped"``: 1 (the Laplace mechanism's, default) or 2 (OutP's Gaussian mechanism).
+    normaliser
+        n of the data term: None is I, objective (2c); OutP's reference code uses the local count I_p.
+    """
+
+    def __init__(self, data: AgentData, sensitivity: str | None = "paper", clip: float = 0.0, *, norm: int = 1,
+                 normaliser: float | None = None) -> None:
+        if sensitivity not in (*SENSITIVITY_MODES, None):
+            raise ValueError(f"sensitivity must be one of {list(SENSITIVITY_MODES)} or None, got {sensitivity!r}")
+        if sensitivity in ("bounded", "clipped") and not clip > 0:
+            raise ValueError(f"sensitivity {sensitivity!r} needs a clipping bound > 0, got {clip!r}")
+        if norm not in (1, 2):
+            raise ValueError(f"norm must be 1 or 2, got {norm!r}")
+        self.data, self.sensitivity, self.clip, self.norm, self.normaliser = data, sensitivity, clip, norm, normaliser
+        self._input_norm: FloatArray | None = None
+        if sensitivity == "clipped":  # ||x_i|| in the clipping norm, fixed by the data
+            self._input_norm = data.input_l1 if norm == 1 else np.sqrt(np.einsum("ij,ij->i", data.inputs, data.inputs))
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    def terms(self, z: FloatArray) -> tuple[FloatArray, float]:
+        data, zs = self.data, z.reshape(self.data.shape)
+        res = residual(data, zs)
+        if self.sensitivity == "clipped":
+            assert self._input_norm is not None
+            rnorm = np.abs(res).sum(axis=1) if self.norm == 1 else np.sqrt(np.einsum("ik,ik->i", res, res))
+            res = res * clip_factors(self._input_norm * rnorm, self.clip)[:, None]
+        g = gradient(data, zs, res, self.normaliser)
+        if self.sensitivity == "paper":
+            delta = sensitivity_paper(data, res)
+        elif self.sensitivity == "bounded":
+            delta = sensitivity_bounded(self.clip, data.total)
+        elif self.sensitivity == "clipped":
+            delta = sensitivity_clipped(self.clip, data.total if self.normaliser is None else self.normaliser)
+        else:
+            delta = 0.0
+        return g.reshape(z.shape), delta
+
+
+class ModelObjective:
+    """f_p of (2c) for any model on the flat-vector interface: ``(1/n) sum_i grad l(z; x_i, y_i) + (2 beta / P) z``.
+
+    The data term is summed over the agent's whole data set (full batch, as the paper) in chunks of ``chunk``
+    samples.
+
+    Parameters
+    ----------
+    model
+        ``dim`` and ``grad(x, inputs, targets)``, the gradient of the mean loss of a batch (a torch ``nn.Module``
+        through :class:`fedapp.models.torch_model.TorchModel`, or a numpy model object); with ``clip`` also
+        ``per_sample_grads(x, inputs, targets)`` of shape (n, d).
+    data
+        The agent's samples (:class:`fedapp.localdata.ArrayData` or :class:`fedapp.localdata.TorchData`).
+    total, beta, num_agents
+        I, beta and P of (2c).
+    clip
+        None: the plain gradient (no DP calibration: non-private runs and OutP's reference constant); C > 0: every
+        per-sample gradient scaled to norm <= C, Delta = ``2 C / n`` (:func:`sensitivity_clipped`).
+    norm
+        The clipping norm: 1 (Laplace, default) or 2 (Gaussian).
+    normaliser
+        n of the data term: None is I.
+    chunk
+        Samples per gradient evaluation (per-sample gradients hold chunk x d floats).
+    """
+
+    def __init__(self, model: Any, data: ArrayData | TorchData, total: int, beta: float, num_agents: int, *,
+                 clip: float | None = None, norm: int = 1, normaliser: float | None = None, chunk: int = 256) -> None:
+        if total < len(data):
+            raise ValueError(f"total I={total} is smaller than the agent's I_p={len(data)}")
+        if clip is not None and not callable(getattr(model, "per_sample_grads", None)):
+            raise TypeError(f"gradient clipping needs per-sample gradients: {type(model).__name__} has no "
+                            "per_sample_grads(x, inputs, targets) (a torch nn.Module gets them through TorchModel)")
+        if clip is not None and not clip > 0:
+            raise ValueError(f"the clipping bound C must be > 0, got {clip!r}")
+        if norm not in (1, 2):
+            raise ValueError(f"norm must be 1 or 2, got {norm!r}")
+        self.model, self.data, self.total, self.beta, self.num_agents = model, data, total, beta, num_agents
+        self.clip, self.norm, self.chunk = clip, norm, int(chunk)
+        self.normaliser = float(total) if normaliser is None else float(normaliser)
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def data_gradient_sum(self, z: FloatArray) -> FloatArray:
+        """``sum_i grad l(z; x_i, y_i)``, every term clipped to norm C when ``clip`` is set."""
+        out = np.zeros(self.model.dim)
+        for inputs, targets in self.data.chunks(self.chunk):
+            if self.clip is None:
+                out += len(targets) * np.asarray(self.model.grad(z, inputs, targets), dtype=np.float64)
+                continue
+            g = np.asarray(self.model.per_sample_grads(z, inputs, targets), dtype=np.float64)
+            norms = np.abs(g).sum(axis=1) if self.norm == 1 else np.sqrt(np.einsum("ij,ij->i", g, g))
+            out += clip_factors(norms, self.clip) @ g
+        return out
+
+    def terms(self, z: FloatArray) -> tuple[FloatArray, float]:
+        flat = z.reshape(-1)
+        g = self.data_gradient_sum(flat) / self.normaliser + (2.0 * self.beta / self.num_agents) * flat
+        delta = 0.0 if self.clip is None else sensitivity_clipped(self.clip, self.normaliser)
+        return g.reshape(z.shape), delta
+
+
+def local_objective(model: Any, data: ArrayData | TorchData, *, total: int, beta: float, num_agents: int,
+                    sensitivity: str | None, clip: float = 0.0, norm: int = 1, normaliser: float | None = None,
+                    device: str = "cpu", chunk: int = 256) -> LocalObjective:
+    """The :class:`LocalObjective` of a model under a sensitivity mode; a TypeError names what the model lacks.
+
+    * ``"paper"`` and ``"bounded"`` are closed forms of the paper's multinomial logistic model (63): they need a
+      :class:`fedapp.models.MultinomialLogistic` (it is solved by :class:`MultinomialObjective` on ``device``);
+    * ``"clipped"`` needs per-sample gradients: a torch ``nn.Module`` (:class:`fedapp.models.torch_model.TorchModel`),
+      the multinomial model (closed form), or a numpy model with ``per_sample_grads(x, inputs, targets)``;
+    * None (no calibration: epsilon-bar = inf, or OutP's reference constant) works for every model.
+    """
+    if sensitivity not in (*SENSITIVITY_MODES, None):
+        raise ValueError(f"sensitivity must be one of {list(SENSITIVITY_MODES)} or None, got {sensitivity!r}")
+    if isinstance(model, MultinomialLogistic):
+        x, y = (data.x, data.y) if isinstance(data, ArrayData) else data.all()
+        inputs = model.inputs(np.asarray(x))  # a view of the user's features: BLAS reads the strided rows
+        if sensitivity == "bounded":
+            inputs = clip_rows_l1(inputs, clip)
+        agent = AgentData(inputs, np.asarray(y), model.num_classes, total, beta, num_agents, device=device)
+        return MultinomialObjective(agent, sensitivity, clip, norm=norm, normaliser=normaliser)
+    if sensitivity in ("paper", "bounded"):
+        raise TypeError(
+            f"sensitivity mode {sensitivity!r} is a closed form of the paper's multinomial logistic model (63) "
+            f"(fedapp.models.MultinomialLogistic); for {type(model).__name__} use sensitivity_mode='clipped' with a "
+            "per-sample gradient clipping bound clip=C")
+    return ModelObjective(model, data, total, beta, num_agents, clip=clip if sensitivity == "clipped" else None,
+                          norm=norm, normaliser=normaliser, chunk=chunk)
+
+
 # --------------------------------------------------------------------------------------------- one local solve
 def local_step(z: FloatArray, w: FloatArray, lam: FloatArray, grad: FloatArray, xi: FloatArray | float,
                rho: float, eta: float, box: float = 0.0) -> FloatArray:
@@ -278,9 +556,9 @@ class AgentRound:
     noise_abs_mean: float  #: mean over e, j, k of |xi| (Sec. IV-B metric, averaged over e, spec A19)
 
 
-def agent_round(data: AgentData, z_start: FloatArray, w: FloatArray, lam: FloatArray, *, rho: float, eta: float,
-                local_updates: int, epsilon: float, rng: np.random.Generator, sensitivity_mode: str = "paper",
-                clip_l1: float = 0.0, box: float = 0.0) -> AgentRound:
+def agent_round(objective: LocalObjective, z_start: FloatArray, w: FloatArray, lam: FloatArray, *, rho: float,
+                eta: float, local_updates: int, epsilon: float, rng: np.random.Generator,
+                box: float = 0.0) -> AgentRound:
     """Algorithm 1 lines 16-21: E perturbed inexact solves (8) around the latest iterate, then their average.
 
     w^{t+1} and lambda_p^t stay fixed during the E solves (6); Delta is recomputed at every iterate and fresh
@@ -288,8 +566,9 @@ def agent_round(data: AgentData, z_start: FloatArray, w: FloatArray, lam: FloatA
 
     Parameters
     ----------
-    data
-        The agent's samples (for ``sensitivity_mode="bounded"``, rows already L1-clipped to ``clip_l1``).
+    objective
+        f_p' and Delta_p of the agent (:class:`MultinomialObjective` for model (63), :class:`ModelObjective` for any
+        model; the sensitivity mode is the objective's).
     z_start
         z_p^{t,1} = z_p^{t-1,E+1} (the last local iterate of the previous round, not the sent average).
     w, lam
@@ -298,10 +577,8 @@ def agent_round(data: AgentData, z_start: FloatArray, w: FloatArray, lam: FloatA
         rho^t, eta^t, E and epsilon-bar (``math.inf``: no noise, plain IADMM).
     rng
         Noise source.
-    sensitivity_mode
-        ``"paper"`` (Section IV's formula, default) or ``"bounded"`` (``4 C1 / I``, spec 4.6).
-    clip_l1, box
-        C1 for ``"bounded"``; box radius of W (0: unconstrained).
+    box
+        Box radius of W (0: unconstrained, spec A6).
     """
     if local_updates < 1:
         raise ValueError(f"local_updates must be >= 1, got {local_updates}")
@@ -311,9 +588,7 @@ def agent_round(data: AgentData, z_start: FloatArray, w: FloatArray, lam: FloatA
     scales: list[float] = []
     noise_abs = 0.0
     for _ in range(local_updates):
-        res = residual(data, z)
-        g = gradient(data, z, res)
-        delta = sensitivity_paper(data, res) if sensitivity_mode == "paper" else sensitivity_bounded(clip_l1, data.total)
+        g, delta = objective.terms(z)
         b = laplace_scale(delta, epsilon)
         xi = laplace_noise(rng, b, z.shape)
         z = local_step(z, w, lam, g, xi, rho, eta, box)
@@ -356,12 +631,17 @@ def outp_inv_eta(t: int, n_local: int, epsilon: float, delta: float, scale: floa
     return base / scale
 
 
-def outp_sigma(rho: float, inv_eta: float, epsilon: float, delta: float) -> float:
-    """Gaussian-mechanism std of OutP's output noise: L2 sensitivity ``2 / (rho + 1/eta)`` through
-    ``sigma = Delta_2 sqrt(2 ln(1.25/delta)) / eps`` (:func:`fedapp.privacy.gaussian_noise_std`); 0 if eps = inf."""
+def outp_sigma(rho: float, inv_eta: float, epsilon: float, delta: float, sensitivity: float = 2.0) -> float:
+    """Gaussian-mechanism std of OutP's output noise; 0 if eps = inf.
+
+    The step divides the gradient by ``rho + 1/eta``, so a data term of L2 sensitivity s gives the output the
+    sensitivity ``s / (rho + 1/eta)``, and ``sigma = Delta_2 sqrt(2 ln(1.25/delta)) / eps``
+    (:func:`fedapp.privacy.gaussian_noise_std`). The reference code's s = 2 c1 / I_p with c1 = I_p is 2 (the
+    default); per-sample clipping to C gives ``s = 2 C / n`` (:func:`sensitivity_clipped`).
+    """
     if math.isinf(epsilon):
         return 0.0
-    return gaussian_noise_std(2.0 / (rho + inv_eta), epsilon, delta)
+    return gaussian_noise_std(sensitivity / (rho + inv_eta), epsilon, delta)
 
 
 def outp_noise_std(sigma: float, mode: str = "sigma") -> float:
@@ -377,69 +657,14 @@ def outp_noise_std(sigma: float, mode: str = "sigma") -> float:
     raise ValueError(f"unknown OutP noise mode {mode!r}; valid: 'sigma', 'sigma-squared'")
 
 
-def outp_step(data: AgentData, z: FloatArray, w: FloatArray, lam: FloatArray, *, rho: float, inv_eta: float,
-              std: float, rng: np.random.Generator, normaliser: float | None) -> tuple[FloatArray, float]:
+def outp_step(objective: LocalObjective, z: FloatArray, w: FloatArray, lam: FloatArray, *, rho: float,
+              inv_eta: float, std: float, rng: np.random.Generator) -> tuple[FloatArray, float]:
     """One OutP local update: the noiseless inexact step (5) at z, then Gaussian output noise N(0, std^2).
 
-    ``normaliser`` scales the data term of the gradient (I_p in the reference code, None for 1/I). Returns the
-    noisy iterate (kept as the agent's state and sent) and mean |noise|.
+    The objective's normaliser scales the data term of the gradient (I_p in the reference code, I for
+    ``grad_scale="global"``). Returns the noisy iterate (kept as the agent's state and sent) and mean |noise|.
     """
-    g = gradient(data, z, residual(data, z), normaliser)
+    g, _ = objective.terms(z)
     clean = local_step(z, w, lam, g, 0.0, rho, 1.0 / inv_eta)
     noisy = add_gaussian_noise(clean, std, rng)
     return noisy, float(np.mean(np.abs(noisy - clean)))
-
-
-# --------------------------------------------------------------------------------------------- run config
-def local_updates_of(cfg: RunConfig) -> int:
-    """E: fixed by the convenience keys (objp 1, objpm 10, outp 1), else the run config's ``local-updates``."""
-    return FIXED_LOCAL_UPDATES.get(cfg.algorithm, cfg.local_updates)
-
-
-def epsilon_of(cfg: RunConfig) -> float:
-    """epsilon-bar per local solve; ``math.inf`` when ``dp`` is false (non-private IADMM)."""
-    return cfg.iadmm_epsilon if cfg.dp else math.inf
-
-
-def rho_of(cfg: RunConfig, t: int) -> float:
-    """rho^t: schedule (24) with the run's constants, or the constant ``rho``."""
-    if cfg.rho_schedule == "const":
-        return cfg.rho
-    return rho_schedule(t, epsilon_of(cfg), cfg.rho_c1, cfg.rho_c2, cfg.rho_period, cfg.rho_max)
-
-
-def eta_of(cfg: RunConfig, t: int) -> float:
-    """eta^t of ObjP / ObjPM: ``eta-scale / sqrt(t)`` (default) or the constant ``eta-scale``."""
-    return eta_schedule(t, cfg.eta_schedule, cfg.eta_scale)
-
-
-def validate_config(cfg: RunConfig) -> None:
-    """Run-config rules of the DP-IADMM family; raises ConfigError naming the key."""
-    from fedapp.config import ConfigError
-
-    name = cfg.algorithm
-    if cfg.model not in IADMM_MODELS:
-        raise ConfigError(
-            f"run config key 'model' must be one of {', '.join(repr(m) for m in IADMM_MODELS)} for algorithm "
-            f"{name!r} (the paper's model (63) is 'multinomial-nobias'), got {cfg.model!r}"
-        )
-    if cfg.clients_per_round != cfg.num_clients:
-        raise ConfigError(
-            f"run config key 'clients-per-round' ({cfg.clients_per_round}) must equal 'num-clients' "
-            f"({cfg.num_clients}) for algorithm {name!r}: Algorithm 1 uses every agent every round"
-        )
-    if name in FIXED_LOCAL_UPDATES and cfg.local_updates not in (1, FIXED_LOCAL_UPDATES[name]):
-        raise ConfigError(
-            f"run config key 'local-updates' is fixed to {FIXED_LOCAL_UPDATES[name]} for algorithm {name!r}; "
-            f"use algorithm 'dp-iadmm' to choose E (got {cfg.local_updates})"
-        )
-    if cfg.sensitivity_mode == "bounded" and name == "outp":
-        raise ConfigError("run config key 'sensitivity-mode' = 'bounded' applies to the Laplace algorithms, not 'outp'")
-    if cfg.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"run config key 'device' is 'cuda' but torch {torch.__version__} sees no CUDA device here "
-                "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
-            )

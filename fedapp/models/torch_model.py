@@ -185,6 +185,32 @@ class TorchModel:
             off += n
         return out
 
+    def per_sample_grads(self, x: NDArray[Any], features: Any, labels: Any) -> FloatArray:
+        """Gradient of the loss of each sample at x, shape (n, d), float64, zeros on buffer coordinates.
+
+        Row i is the gradient of ``loss_fn`` on sample i alone (a batch of one), computed for all samples at once
+        with ``torch.func.vmap``; what DP mechanisms that clip every sample's gradient need. Train mode, as
+        :meth:`grad`; dropout draws a different mask per sample. Memory is n x d: callers pass chunks.
+        """
+        from torch.func import functional_call, grad, vmap
+
+        self.set_flat(x, buffers=False)
+        self.module.train()
+        params = {k: p.detach() for k, p in self.module.named_parameters()}
+        buffers = {k: b.detach() for k, b in self.module.named_buffers()}
+
+        def sample_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+            out = functional_call(self.module, (p, buffers), (xi.unsqueeze(0),))
+            return self.loss_fn(out, yi.unsqueeze(0))
+
+        inputs, targets = self.inputs(features), self.targets(labels)
+        grads = vmap(grad(sample_loss), in_dims=(None, 0, 0), randomness="different")(params, inputs, targets)
+        out = np.zeros((len(inputs), self.dim))
+        for name, s in self.layout.slices().items():
+            if name in grads:  # parameters only: a buffer is not a trained variable
+                out[:, s] = grads[name].reshape(len(inputs), -1).double().cpu().numpy()
+        return out
+
     def _outputs(self, x: NDArray[Any], features: Any) -> torch.Tensor:
         self.set_flat(x)
         self.module.eval()
