@@ -54,7 +54,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.config",
         "fedapp.config.RunConfig",
     },
-    "clients/dpq.py": {"fedapp.config", "fedapp.config.RunConfig"},
     "clients/fedrep.py": {
         "fedapp.client_base",
         "fedapp.client_base.FedClient",
@@ -74,27 +73,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.config.RunConfig",
     },
     "clients/recal_baselines.py": {"fedapp.config", "fedapp.config.RunConfig"},
-    "fedapp/algorithms/dpq.py": {
-        "fedapp.data",
-        "fedapp.data.load_dataset",
-        "fedapp.data.load_partition",
-        "fedapp.data.sources",
-        "fedapp.data.sources.ArrayDataset",
-        "fedapp.models.torch_net",
-        "fedapp.models.torch_net.TorchNet",
-    },
-    "fedapp/algorithms/dpq_config.py": {
-        "fedapp.config",
-        "fedapp.config.ConfigError",
-        "fedapp.config.RunConfig",
-        "fedapp.data",
-        "fedapp.data.load_dataset",
-        "fedapp.data.load_partition",
-        "fedapp.data.sources",
-        "fedapp.data.sources.ArrayDataset",
-        "fedapp.models.torch_net",
-        "fedapp.models.torch_net.TorchNet",
-    },
     "fedapp/algorithms/fedrep.py": {
         "fedapp.config",
         "fedapp.config.ConfigError",
@@ -110,12 +88,6 @@ PENDING: dict[str, set[str]] = {
         "fedapp.config.RunConfig",
         "fedapp.strategy_base",
         "fedapp.strategy_base.FederatedStrategy",
-        "fedapp.strategy_base.Scalar",
-    },
-    "strategies/dpq.py": {
-        "fedapp.config",
-        "fedapp.config.RunConfig",
-        "fedapp.strategy_base",
         "fedapp.strategy_base.Scalar",
     },
     "strategies/fedrep.py": {
