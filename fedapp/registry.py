@@ -132,13 +132,13 @@ RW_ADMM_CHECKS = "fedapp.apps.recal:validate_rw_admm_config"
 #: the seed-001 family's start x^1 and evaluation (relative error to the central x*, spec 5.7)
 RECAL_INITIAL, RECAL_EVALUATE = "fedapp.apps.recal:initial_model", "fedapp.apps.recal:evaluate_fn"
 # Seed 004 (spec shared/specs/dp_quantized.md): DPQ-DSGD, every node every round, the server routes the quantized
-# noisy messages (strategies/dpq.py)
+# noisy messages (strategies/dpq.py; built by fedapp/apps/dpq.py)
 DPQ_KEYS = (
     "graph", "dpq-variant", "dpq-q-step", "dpq-sigma-exp", "dpq-sigma-offset", "dpq-sigma-scale", "dpq-a1", "dpq-alpha",
     "dpq-a2", "dpq-beta", "dpq-a3", "dpq-gamma", "dpq-delta-exp", "dpq-c", "dpq-horizon", "dpq-eval-limit",
     "dpq-eval-average",
 )
-DPQ_CHECKS = "fedapp.algorithms.dpq_config:validate_config"
+DPQ_CHECKS = "fedapp.apps.dpq:validate_config"
 SEED004 = ("Chen, Wang, Zhang, Differentially Private Distributed Nonconvex Stochastic Optimization with Quantized "
            "Communications, arXiv 2403.18254 (first version)")
 PG_EXTRA_PAPER = "Shi, Ling, Wu, Yin, A Proximal Gradient Algorithm for Decentralized Composite Optimization, IEEE TSP 2015"
@@ -269,10 +269,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         RW_ADMM_PAPER, RW_ADMM_CHECKS, False, RECAL_INITIAL, RECAL_EVALUATE,
     ),
     "dpq-dsgd": AlgorithmSpec(
-        "strategies.dpq:DPQDSGD", "clients.dpq:DPQClient", DPQ_KEYS,
+        "fedapp.apps.dpq:dpq_strategy", "fedapp.apps.dpq:dpq_client", DPQ_KEYS,
         "DPQ-DSGD (Alg. 1): every node noises and quantizes its state, the server forwards the bit-packed levels to "
         "the graph neighbours, (5)-(6) on the nodes; dpq-variant = dpq | dp-only | quant-only | dsgd", SEED004,
-        DPQ_CHECKS, False,
+        DPQ_CHECKS, False, initial="fedapp.apps.dpq:initial_arrays",
     ),
     # Flower's own FedAvg / FedProx (flwr.serverapp.strategy), dense, Flower engines only (no in-process driver).
     "flwr-fedavg": AlgorithmSpec(

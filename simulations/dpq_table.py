@@ -9,7 +9,7 @@ a3 = .24, gamma = .7, delta = 3, C = .2, noise offset 5): at K = 2000 alpha_hat 
 Each run is Algorithm 1 for k = 0..K (K + 1 updates; the Flower run of ``num-server-rounds = K + 2``).
 
 Engine: :func:`fedapp.algorithms.dpq.simulate` (``engine="vectorised"``) on
-:func:`fedapp.algorithms.dpq_config.network` -- the same run config, data, x_0 and streams as the Flower strategy
+:func:`fedapp.apps.dpq.network` -- the same run config, data, x_0 and streams as the Flower strategy
 (tests/test_dpq_flower.py pins the Flower run to the simulator bit for bit, tests/test_dpq.py the two engines) --
 in a spawn-based pool of ``--workers`` processes with one BLAS / torch thread each.
 
@@ -69,22 +69,23 @@ def run_one(job: tuple[str, dict[str, Any], int, int, int]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from fedapp.algorithms import dpq, dpq_config
+    from fedapp.algorithms import dpq
+    from fedapp.apps import dpq as dpq_app
     from fedapp.compression import quantize
     from fedapp.config import parse_run_config
 
     cfg = parse_run_config(raw)
-    setup = dpq_config.network(cfg)
-    params = dpq_config.params(cfg)
+    setup = dpq_app.network(cfg)
+    params = dpq_app.params(cfg)
     bits: list[float] = []
     entropy: list[float] = []
     curve: list[dict[str, float]] = []
     t_eval = [0.0, 0.0]  # intermediate, final
 
     def evaluate(k: int, x: np.ndarray, limit: int) -> dict[str, float]:
-        test = [dpq_config.evaluate(setup.net, x[i], setup.test, limit)[0] for i in range(x.shape[0])]
-        train = [dpq_config.evaluate(setup.net, x[i], o.data, limit)[0] for i, o in enumerate(setup.objectives)]
-        avg_acc, avg_loss = dpq_config.evaluate(setup.net, x.mean(axis=0), setup.test, limit)
+        test = [dpq_app.evaluate(setup.net, x[i], setup.test, limit)[0] for i in range(x.shape[0])]
+        train = [dpq_app.evaluate(setup.net, x[i], shard, limit)[0] for i, shard in enumerate(setup.shards)]
+        avg_acc, avg_loss = dpq_app.evaluate(setup.net, x.mean(axis=0), setup.test, limit)
         return {"k": float(k), "test_acc_mean": float(np.mean(test)), "test_acc_min": float(np.min(test)),
                 "test_acc_max": float(np.max(test)), "train_acc_mean": float(np.mean(train)),
                 "avg_model_test_acc": avg_acc, "avg_model_test_loss": avg_loss,
@@ -108,7 +109,7 @@ def run_one(job: tuple[str, dict[str, Any], int, int, int]) -> dict[str, Any]:
     final = curve[-1]
     row: dict[str, Any] = {
         "label": label, "variant": cfg.dpq_variant, "q_step": params.q_step, "sigma_exp": cfg.dpq_sigma_exp,
-        "noise": params.noise, "K": dpq_config.horizon(cfg), "iterations": num_iters, "batch": params.batch_size,
+        "noise": params.noise, "K": dpq_app.horizon(cfg), "iterations": num_iters, "batch": params.batch_size,
         "alpha_hat": params.alpha_hat, "beta_hat": params.beta_hat, **{key: final[key] for key in final if key != "k"},
         "bits_per_message_mean": float(np.mean(bits)), "bits_per_message_first": bits[0],
         "bits_per_message_last": bits[-1], "bits_per_coordinate_mean": (float(np.mean(bits)) - 40) / setup.x0.shape[0]
@@ -120,7 +121,7 @@ def run_one(job: tuple[str, dict[str, Any], int, int, int]) -> dict[str, Any]:
         "s_per_iteration": (wall - sum(t_eval)) / num_iters, "curve": curve,
     }
     if params.noise:
-        budget = dpq_config.schedule(cfg).budget(num_iters - 1, warn=False)
+        budget = dpq_app.schedule(cfg).budget(num_iters - 1, warn=False)
         row.update({"eps": budget.eps_total, "log_delta_hat": budget.log_delta_hat, "delta_hat": budget.delta_hat,
                     "delta_hat_vacuous": budget.vacuous, "eps_k_max": budget.eps_max,
                     "lemma3_violations": budget.lemma3_violations})

@@ -18,6 +18,7 @@ import pytest
 
 from fedapp import topology
 from fedapp.algorithms import dpq
+from fedapp.apps import dpq as dpq_app
 from fedapp.compression import quantize
 from fedapp.privacy import dpq as accountant
 
@@ -348,25 +349,25 @@ def test_noise_and_quantization_are_unbiased() -> None:
 
 # ------------------------------------------------------------------------------------------- MNIST (spec 6.3)
 @pytest.fixture(scope="module")
-def mnist_small() -> dpq.MnistSetup:
-    return dpq.mnist_setup(samples_per_node=120)
+def mnist_small() -> dpq_app.DPQNetwork:
+    return dpq_app.mnist_setup(samples_per_node=120)
 
 
 def test_mnist_setup_matches_spec() -> None:
     """5 nodes, 12,000 IID samples each (disjoint), ring with Metropolis weights 1/3, d = 44,426."""
-    setup = dpq.mnist_setup()
+    setup = dpq_app.mnist_setup()
     assert len(setup.objectives) == 5 and setup.x0.shape == (44426,)
     assert [o.num_samples for o in setup.objectives] == [12000] * 5
     np.testing.assert_allclose(setup.A, RING5, rtol=0, atol=0)
     np.testing.assert_allclose(setup.A[setup.A > 0], 1.0 / 3.0, rtol=0, atol=1e-15)
     assert len(setup.test) == 10000
-    labels = np.concatenate([o.data.y for o in setup.objectives])
+    labels = np.concatenate([shard.y for shard in setup.shards])
     assert np.bincount(labels).min() > 5000  # an IID mix of all ten digits
-    assert setup.objectives[0].net is setup.objectives[4].net
-    assert not np.array_equal(setup.objectives[0].data.x[:5], setup.objectives[1].data.x[:5])
+    assert setup.objectives[0].model is setup.objectives[4].model is setup.net
+    assert not np.array_equal(setup.shards[0].x[:5], setup.shards[1].x[:5])
 
 
-def test_cnn_two_iterations_change_the_model(mnist_small: dpq.MnistSetup) -> None:
+def test_cnn_two_iterations_change_the_model(mnist_small: dpq_app.DPQNetwork) -> None:
     """The paper preset (Delta = 1, sigma = 0.1, offset 5, batch 50) for 2 iterations on 120 samples per node: the
     models change, stay finite, messages are integer levels, and the per-node engine agrees bit for bit."""
     s = mnist_small
@@ -380,11 +381,11 @@ def test_cnn_two_iterations_change_the_model(mnist_small: dpq.MnistSetup) -> Non
     assert all(m.dtype == np.int64 and m.shape == (44426,) for m in vec.last_messages)
     assert vec.states is not None and vec.consensus_error[0] == 0.0 < vec.consensus_error[2]
     assert all(math.isfinite(o.last_loss) for o in s.objectives)
-    acc = dpq.node_accuracies(s, vec.x, test_limit=200)
+    acc = dpq_app.node_accuracies(s, vec.x, test_limit=200)
     assert acc["test"].shape == (5,) and np.all((acc["train"] >= 0) & (acc["train"] <= 1))
 
 
-def test_cnn_gradient_is_mean_cross_entropy(mnist_small: dpq.MnistSetup) -> None:
+def test_cnn_gradient_is_mean_cross_entropy(mnist_small: dpq_app.DPQNetwork) -> None:
     """The TorchObjective gradient over a batch is the mean of the single-sample gradients (5), in float64."""
     obj = mnist_small.objectives[0]
     idx = np.array([3, 17, 42], dtype=np.int64)

@@ -1,10 +1,11 @@
-"""DPQ-DSGD on Flower (strategies/dpq.py, clients/dpq.py; spec dp_quantized.md 7, 8, 10 F1-F6).
+"""DPQ-DSGD in the reproduction app (fedapp/apps/dpq.py -> strategies/dpq.py, clients/dpq.py; spec dp_quantized.md
+7, 8, 10 F1-F6).
 
-The strategy driven in-process (simulations.inprocess: the same RecordDicts and context.state as a Flower run)
-against the framework-free simulator of fedapp.algorithms.dpq, bit for bit with noise, quantization and minibatches
-on a tiny MNIST subset (the paper's horizon-2000 schedule: batch 50 of 200 samples per node); routing and integer
-uploads; the bytes of a message against spec 3's ``d b + 40`` bits; the ledger against the accountant; bad configs;
-and one real `flwr run` simulation against the in-process driver.
+The app's strategy and clients driven in-process (simulations.inprocess: the same RecordDicts and context.state as a
+Flower run) against the framework-free simulator of fedapp.algorithms.dpq, bit for bit with noise, quantization and
+minibatches on a tiny MNIST subset (the paper's horizon-2000 schedule: batch 50 of 200 samples per node); routing,
+the run constants in every message and integer uploads; the bytes of a message against spec 3's ``d b + 40`` bits;
+the ledger against the accountant; bad configs; and one real `flwr run` simulation against the in-process driver.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ import pytest
 from flwr.app import ArrayRecord, RecordDict
 
 from clients.dpq import LEDGER, META, STATE
-from fedapp.algorithms import dpq, dpq_config
+from fedapp.algorithms import dpq
+from fedapp.apps import dpq as dpq_app
 from fedapp.compression import quantize
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedapp.data import load_dataset
 from fedapp.privacy.dpq import DPQLedger
 from fedapp.runner import build_strategy, finish
 from fedapp.wire import recorddict_nbytes
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
-from strategies.dpq import DPQDSGD
+from strategies.base import RoundFailed
+from strategies.dpq import DPQDSGD, RUN_KEYS
 
 BASE: dict[str, Any] = {
     "algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5, "clients-per-round": 5,
@@ -36,15 +40,15 @@ BASE: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def setup() -> dpq.MnistSetup:
-    return dpq_config.network(parse_run_config({**BASE, "num-server-rounds": 4}))
+def setup() -> dpq_app.DPQNetwork:
+    return dpq_app.network(parse_run_config({**BASE, "num-server-rounds": 4}))
 
 
-def run(rounds: int, **kw: Any) -> tuple[DPQDSGD, dict[int, Any]]:
+def run(rounds: int, **kw: Any) -> tuple[DPQDSGD, dict[int, Any], RunConfig]:
     cfg = parse_run_config({**BASE, "num-server-rounds": rounds, **kw})
     strategy, contexts, _ = run_inprocess(cfg)
     assert isinstance(strategy, DPQDSGD)
-    return strategy, contexts
+    return strategy, contexts, cfg
 
 
 def node_states(contexts: dict[int, Any]) -> np.ndarray:
@@ -52,13 +56,14 @@ def node_states(contexts: dict[int, Any]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("variant", ["dpq", "dp-only", "quant-only", "dsgd"])
-def test_flower_equals_the_simulator_bit_for_bit(setup: dpq.MnistSetup, variant: str) -> None:
+def test_flower_equals_the_simulator_bit_for_bit(setup: dpq_app.DPQNetwork, variant: str) -> None:
     """R rounds = bootstrap + R - 1 iterations: the nodes' x_i equal simulate(num_iters=R - 1) (per-node and
     vectorised engines), and the outbox holds m_{i,R-1} = node_message(x_{i,R-1}) exactly (spec 10 F1, F2, F6)."""
     rounds = 4 if variant == "dpq" else 3
-    s, contexts = run(rounds, **{"dpq-variant": variant})
-    p = s.params
-    assert p == dpq_config.params(s.cfg) and p.batch_size == 50 and p.K == 2000
+    s, contexts, cfg = run(rounds, **{"dpq-variant": variant})
+    assert s.params is not None and s.params.seed is None  # the server holds no device seed
+    p = replace(s.params, seed=cfg.seed)  # what every node runs: the message's constants, its own (= run) seed
+    assert p == dpq_app.params(cfg) and p.batch_size == 50 and p.K == 2000
     assert p.quantized == (variant in ("dpq", "quant-only")) and p.noise == (variant in ("dpq", "dp-only"))
     for engine in ("per_node", "vectorised"):
         ref = dpq.simulate(p, setup.A, setup.objectives, setup.x0, rounds - 1, engine=engine)
@@ -88,9 +93,15 @@ def test_routing_integer_uploads_and_the_ledger() -> None:
     for pid, content in s.train_contents(3):
         arrays = content["arrays"].to_numpy_ndarrays()
         nbrs = sorted({(pid - 1) % 5, (pid + 1) % 5})
-        assert json.loads(str(content["config"]["neighbours"])) == nbrs
-        assert int(content["config"]["dpq-k"]) == 1 and set(content["config"]) == {
-            "neighbours", "msg-round", "dpq-k", "dpq-eval", "server-round"}
+        config = content["config"]
+        assert json.loads(str(config["neighbours"])) == nbrs and json.loads(str(config["weights"])) == [1 / 3] * 2
+        assert int(config["dpq-k"]) == 1 and int(config["agent-id"]) == pid and config["self-weight"] == pytest.approx(1 / 3)
+        assert set(config) == {"neighbours", "weights", "self-weight", "msg-round", "agent-id", "dpq-k", "dpq-eval",
+                               "dpq-share-state", "server-round", "layout-crc", "dim", *RUN_KEYS}
+        # the strategy is the single source of truth: every run constant the nodes use travels in the message
+        assert (config["dpq-alpha-hat"], config["dpq-beta-hat"], config["dpq-batch-size"], config["dpq-q-step"],
+                config["dpq-noise"], config["dpq-horizon"]) == (s.params.alpha_hat, s.params.beta_hat, 50, 1.0, True,
+                                                               2000)
         for a, j in zip(arrays, nbrs, strict=True):
             assert a.dtype == np.uint8
             np.testing.assert_array_equal(a, s.outbox[j][0])
@@ -108,7 +119,7 @@ def test_message_bytes_are_spec3_bits_plus_the_header() -> None:
     """The message payload is within its 13-byte wire header of spec 3's ``d b + 40`` bits, and the serialized
     ArrayRecord adds < 256 bytes of protobuf framing; the recorded uplink is the replies' serialized size; on the ring downlink bits = 2 x the previous
     round's uplink bits (spec 10 F5); the float32 reference is 32 d."""
-    s, _ = run(4)
+    s, _, _ = run(4)
     d = s.dim
     assert d == 44426
     for r_prev, r in zip(s.history, s.history[1:], strict=False):
@@ -130,17 +141,18 @@ def test_message_bytes_are_spec3_bits_plus_the_header() -> None:
     assert 0 < rec.uplink_bytes - 5 * rec.extra["message_wire_bytes"] < 5 * 600
 
 
-def test_evaluation_reports_node_and_average_accuracies(setup: dpq.MnistSetup) -> None:
-    """Evaluation rounds: mean / min / max of the nodes' own test accuracies (spec 9.17) and, with
-    dpq-eval-average, the node-average model on the same test samples; global_model() is that average."""
-    s, contexts = run(3, **{"dpq-eval-average": True})
+def test_evaluation_reports_node_and_average_accuracies(setup: dpq_app.DPQNetwork) -> None:
+    """Evaluation rounds: mean / min / max of the nodes' own test accuracies on the first dpq-eval-limit test samples
+    (spec 9.17) and, with dpq-eval-average, the node-average model by the app's central evaluation (the whole test
+    set); global_model() is that average."""
+    s, contexts, _ = run(3, **{"dpq-eval-average": True})
     x = node_states(contexts)
     rec = s.history[-1]
-    acc = dpq.node_accuracies(setup, x, test_limit=200)["test"]
+    acc = dpq_app.node_accuracies(setup, x, test_limit=200)["test"]
     assert rec.test_accuracy == pytest.approx(float(acc.mean()), abs=1e-12)
     assert rec.extra["node_test_acc_min"] == acc.min() and rec.extra["node_test_acc_max"] == acc.max()
     np.testing.assert_array_equal(s.global_model(), np.mean(x, axis=0))
-    avg_acc, _ = dpq_config.evaluate(setup.net, np.mean(x, axis=0), setup.test)
+    avg_acc, _ = dpq_app.evaluate(setup.net, np.mean(x, axis=0), load_dataset("mnist")[1])
     assert rec.extra["avg_model_test_accuracy"] == avg_acc
     assert s.history[0].test_accuracy is None and s.history[1].test_accuracy is not None  # eval-every 2, and the last
 
@@ -152,7 +164,7 @@ def test_a_node_without_state_stops_the_run() -> None:
     s.attach({pid: pid for pid in contexts})
     run_rounds(s, contexts, 2)
     del contexts[3].state.array_records[STATE]
-    with pytest.raises(RuntimeError, match=r"no valid message from agent\(s\) \[3\]"):
+    with pytest.raises(RoundFailed, match=r"round 3: no valid \w+ from \w+\(s\) \[3\].*no DPQ state"):
         run_rounds(s, contexts, 1, start=3)
 
 
@@ -180,8 +192,8 @@ def test_bad_configs_name_the_key(overrides: dict[str, Any], key: str) -> None:
 
 def test_the_horizon_defaults_to_rounds_minus_two() -> None:
     cfg = parse_run_config({**BASE, "dpq-horizon": 0, "num-server-rounds": 2002})
-    assert dpq_config.horizon(cfg) == 2000
-    assert dpq_config.params(cfg) == replace(dpq.paper_mnist_params(1.0, 0.1), float_messages="float32")
+    assert dpq_app.horizon(cfg) == 2000
+    assert dpq_app.params(cfg) == replace(dpq.paper_mnist_params(1.0, 0.1), float_messages="float32")
 
 
 FLOWER = {**BASE, "num-server-rounds": 5, "eval-every": 2, "dpq-eval-average": True}

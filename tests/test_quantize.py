@@ -281,7 +281,12 @@ def test_codec_rejects_malformed_payloads() -> None:
         (_forge(-3, 3, 6, [0x1D, 0x80]), "count 6 x width 3 needs"),  # header count vs body mismatch
         (_forge(0, 0, 3, [0]), "count 3 x width 0 needs"),  # width 0 must have an empty body
         (_forge(-3, 3, 3, [0x1D, 0x81]), "padding bits"),
-        (_forge(INT64.max - 1, 8, 1, [0x02]), "overflows int64"),
+        (_forge(INT64.max - 1, 2, 2, [0x20]), "overflows int64"),  # levels max - 1 + [0, 2]
+        # non-canonical headers (encode_levels never writes them): a padded width, an offset below the minimum
+        (_forge(-3, 4, 3, [0x07, 0x30]), "width 4, but the levels span 7 needs 3 bits"),
+        (_forge(-4, 4, 3, [0x18, 0x40]), "offset -4 is not the smallest level"),
+        (_forge(0, 64, 2, [0] * 15 + [2]), "width 64, but the levels span 2 needs 2 bits"),
+        (_forge(5, 0, 0, []), "an empty message has offset 0"),
         ({"qlevels": raw.astype(np.int8)}, "wrong dtype int8"),
         ({"qlevels": raw.reshape(1, -1)}, "wrong ndim 2"),
         ({"qlevels": raw.tolist()}, "not an ndarray"),

@@ -1,4 +1,4 @@
-"""DPQ-DSGD (Algorithm 1 of seed 004), framework-free: numpy, plus torch only for the CNN gradient.
+"""DPQ-DSGD (Algorithm 1 of seed 004), framework-free: numpy, plus torch only for a torch model's gradient.
 
 J. Chen, J. Wang, J.-F. Zhang, "Differentially Private Distributed Nonconvex Stochastic Optimization with Quantized
 Communications" (arXiv 2403.18254, the supplied text ``shared/seeds/004_f18e82f0bffe69cb.txt``; later arXiv versions
@@ -27,9 +27,10 @@ What is here
 * Local objectives: :class:`QuadraticObjective` (the spec 10 A1 toy ``1/2 ||x - b_i||^2``),
   :class:`LeastSquaresObjective` (a minibatch least-squares toy), their closed forms :func:`quadratic_fixed_point`
   (the noise- and quantization-free fixed point of (6) with constant steps) and :func:`quadratic_optimum` (x* of F),
-  and :class:`TorchObjective` (a :class:`fedapp.models.torch_net.TorchNet` on a node's data).
-* The MNIST setup of spec 6.3 (:func:`mnist_setup`): 5 nodes, IID shards of 12,000, ring with Metropolis weights,
-  the unpadded LeNet-5 ``lenet5-valid`` (d = 44,426), a common seeded init; :func:`node_accuracies`.
+  and the user's model on the user's data, :func:`local_objective`: :class:`TorchObjective` (a buffer-free torch
+  module behind :class:`fedapp.models.torch_model.TorchModel`) or :class:`ModelObjective` (a numpy model with
+  ``dim`` / ``grad`` / ``loss``), each over :class:`fedapp.localdata.LocalData` read by index. The MNIST setup of
+  spec 6.3 (datasets, model zoo) belongs to the reproduction app (:mod:`fedapp.apps.dpq`).
 * Theory helpers of spec 5 that spec 10 tests (T1): :func:`rate_exponent`, :func:`corollary1_holds`,
   :func:`assumption4_check` (with :func:`gamma_constant`, the paper's Gamma).
 
@@ -44,7 +45,8 @@ Interpretations (spec 9 and ours)
 * **Iterations**: the loop runs ``k = 0..K`` (K + 1 updates, spec 9.18); ``simulate(num_iters=None)`` runs K + 1.
 * **RNG** (spec 7.6, with stream tags as elsewhere in fedapp): noise ``default_rng([seed, 50, node, k])``, quantizer
   uniforms ``[seed, 51, node, k]``, minibatch ``[seed, 52, node, k]`` (``choice(D, batch, replace=False)``), common
-  init ``[seed, 53]``. Stateless, so a re-created Flower client draws the same numbers as the simulator. The message
+  init ``[seed, 53]`` (the reproduction app's). Stateless, so a re-created Flower client draws the same numbers as
+  the simulator. ``seed=None`` (a device without a seed) draws every one from fresh OS entropy instead. The message
   of iteration k uses sigma_k; the message sent after update k is iteration k + 1's, with sigma_{k+1} (spec 7.2, 9.6).
 * **Noise** is absolute (not scaled to the weights, spec 9.5); ``noise=False`` draws nothing (sigma_k = 0).
 * **Quantizer** (spec 2.2 [REC]): ``s = v / q_step``, ``l = floor(s)``, ``m = l + (U < s - l)``, U ~ U[0, 1) in
@@ -56,10 +58,9 @@ Interpretations (spec 9 and ours)
   of the per-sample gradients (5); ``batch_size=None`` or a deterministic objective uses the full local gradient;
   ``batch_size >= D`` uses all D samples. No per-sample clipping (the paper has none; spec 2.3's optional
   ``clip`` is not implemented here).
-* **States** are float64 vectors; a :class:`TorchObjective` evaluates its gradient at ``float32(x)`` (TorchNet's
-  parameters are float32) and returns it in float64.
-* **Initial state**: data-independent and common to all nodes (spec 2.3 [REC]); :func:`mnist_setup` uses torch's
-  default init seeded from ``[seed, 53]``.
+* **States** are float64 vectors; a :class:`TorchObjective` evaluates its gradient at x cast to the module's
+  parameter dtype (float32 for most networks) and returns it in float64.
+* **Initial state**: data-independent and common to all nodes (spec 2.3 [REC]); on Flower the strategy sends it.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ from fedapp.compression.quantize import dequantize, quantize_levels
 from fedapp.privacy import dpq as accountant
 
 if TYPE_CHECKING:
-    from fedapp.data.sources import ArrayDataset
-    from fedapp.models.torch_net import TorchNet
+    from fedapp.localdata import LocalData
+    from fedapp.models.torch_model import TorchModel
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -100,7 +101,7 @@ __all__ = [
     "IterationCallback",
     "LeastSquaresObjective",
     "LocalObjective",
-    "MnistSetup",
+    "ModelObjective",
     "QuadraticObjective",
     "TorchObjective",
     "ablation",
@@ -113,9 +114,8 @@ __all__ = [
     "gamma_constant",
     "gamma_hat",
     "local_gradient",
+    "local_objective",
     "minibatch_indices",
-    "mnist_setup",
-    "node_accuracies",
     "node_message",
     "node_round",
     "node_update",
@@ -286,7 +286,7 @@ class DPQParams:
     sigma_exp, sigma_scale, sigma_offset
         ``sigma_k = sigma_scale (k + sigma_offset)^sigma_exp`` (offset 1 = theory, 5 = the paper's experiments).
     seed
-        Seed of the stateless streams (module docstring).
+        Seed of the stateless streams (module docstring); None draws from fresh OS entropy (a device without a seed).
     self_term
         ``"z"`` (default: a_ii multiplies the node's own quantized noisy message) or ``"x"`` (its exact state).
     K
@@ -303,7 +303,7 @@ class DPQParams:
     sigma_exp: float = 0.0
     sigma_scale: float = 1.0
     sigma_offset: float = 1.0
-    seed: int = 0
+    seed: int | None = 0
     self_term: str = "z"
     K: int | None = None
     float_messages: str = "float64"
@@ -323,8 +323,8 @@ class DPQParams:
             raise ValueError(f"sigma_offset must be > 0, got {self.sigma_offset}")
         if self.self_term not in ("z", "x"):
             raise ValueError(f"self_term must be 'z' or 'x', got {self.self_term!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be an integer >= 0 or None, got {self.seed!r}")
         if self.K is not None and self.K < 0:
             raise ValueError(f"K must be None or >= 0, got {self.K}")
         if self.float_messages not in ("float64", "float32"):
@@ -353,7 +353,7 @@ def schedule_params(K: int, *, a1: float, alpha: float, a2: float, beta: float, 
     )
 
 
-def params_from_schedule(schedule: accountant.DPQSchedule, *, q_step: float, noise: bool = True, seed: int = 0,
+def params_from_schedule(schedule: accountant.DPQSchedule, *, q_step: float, noise: bool = True, seed: int | None = 0,
                          self_term: str = "z", float_messages: str = "float64") -> DPQParams:
     """:class:`DPQParams` with the steps, batch size and noise schedule of the accountant's ``schedule``."""
     return DPQParams(
@@ -394,7 +394,9 @@ def ablation(params: DPQParams, name: str, q_step: float | None = None) -> DPQPa
 # Stateless streams (spec 7.6)
 
 
-def _rng(seed: int, stream: int, node: int, k: int) -> np.random.Generator:
+def _rng(seed: int | None, stream: int, node: int, k: int) -> np.random.Generator:
+    if seed is None:  # a device without a seed: fresh OS entropy, not reproducible
+        return np.random.default_rng()
     return np.random.default_rng([int(seed), stream, int(node), int(k)])
 
 
@@ -546,19 +548,30 @@ def quadratic_optimum(objectives: Sequence[_Quadratic]) -> FloatArray:
 
 
 class TorchObjective:
-    """Mean cross-entropy of a :class:`fedapp.models.torch_net.TorchNet` on one node's samples.
+    """f_i: the mean loss (5) of the user's torch module on node i's data, for DPQ-DSGD.
 
-    Several nodes may share one ``net`` (the module is loaded with x before every gradient). The net must have no
-    floating-point buffers (no BatchNorm), so that x is exactly the trainable parameters. ``last_loss`` is the loss
-    of the last minibatch (outside the DP guarantee, spec 7.4).
+    Parameters
+    ----------
+    model
+        The module behind :class:`fedapp.models.torch_model.TorchModel` (with its loss). It must be **buffer-free**:
+        DPQ-DSGD noises, quantizes and mixes every coordinate of x, and its update (6) moves x by a gradient; a
+        floating-point buffer (BatchNorm's running statistics) has no gradient, would be overwritten from the mixed
+        noisy messages, and is data-dependent state outside the privacy analysis. Use GroupNorm / LayerNorm.
+    data
+        Node i's samples (:class:`fedapp.localdata.LocalData`), read by index for the minibatch B_{i,k}.
+
+    Several nodes may share one module (it is loaded with x before every gradient). ``last_loss`` is the loss of the
+    last minibatch (a metric outside the DP guarantee, spec 7.4).
     """
 
-    def __init__(self, net: TorchNet, data: ArrayDataset, *, binarize: bool = False) -> None:
-        if net.dim != net.num_trainable:
-            raise ValueError(f"model {net.name!r} has floating-point buffers; DPQ-DSGD needs a buffer-free model")
-        self.net = net
+    def __init__(self, model: TorchModel, data: LocalData) -> None:
+        if model.has_float_buffers or model.dim != model.num_trainable:
+            raise ValueError(
+                f"DPQ-DSGD needs a buffer-free model: x (noised, quantized and mixed every iteration) must be exactly "
+                f"the trainable weights, but the model has floating-point buffers {model.buffer_names[:3]} "
+                "(BatchNorm running statistics): replace BatchNorm with GroupNorm or LayerNorm")
+        self.model = model
         self.data = data
-        self.binarize = binarize
         self.last_loss = float("nan")
 
     @property
@@ -566,18 +579,52 @@ class TorchObjective:
         """D."""
         return len(self.data)
 
-    def features(self, idx: IntArray | None = None) -> FloatArray:
-        """Features of samples idx ([0, 1] grey levels, or thresholded at 0.5 with ``binarize``)."""
-        x = self.data.x if idx is None else self.data.x[idx]
-        return (x > 0.5).astype(np.float64) if self.binarize else x
+    def batch(self, idx: IntArray | None) -> tuple[Any, Any]:
+        """(inputs, targets) of the samples idx (all of them for None)."""
+        return self.data.batch(np.arange(len(self.data), dtype=np.int64) if idx is None else idx)
 
     def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
-        """Flat gradient of the batch-mean cross-entropy at float32(x), as float64."""
-        self.net.set_flat(x)
-        labels = self.data.y if idx is None else self.data.y[idx]
-        g, loss = self.net.batch_gradient(self.features(idx), labels)
+        """Flat gradient of the batch-mean loss at x (cast to the parameters' dtype), as float64."""
+        self.model.set_flat(x)
+        g, loss = self.model.batch_gradient(*self.batch(idx))
         self.last_loss = loss
         return np.asarray(g.detach().double().numpy(), dtype=np.float64)
+
+
+class ModelObjective:
+    """f_i: the mean loss of a numpy model object (``dim``, ``grad(x, inputs, targets)``, ``loss(x, inputs,
+    targets)``) on node i's data; ``grad`` must return the mean per-sample gradient over the samples given (5)."""
+
+    def __init__(self, model: Any, data: LocalData) -> None:
+        missing = [a for a in ("dim", "grad", "loss") if not hasattr(model, a)]
+        if missing:
+            raise TypeError(f"{type(model).__name__} lacks {missing}: a numpy model needs dim, grad and loss")
+        self.model = model
+        self.data = data
+        self.last_loss = float("nan")
+
+    @property
+    def num_samples(self) -> int | None:
+        """D."""
+        return len(self.data)
+
+    def batch(self, idx: IntArray | None) -> tuple[Any, Any]:
+        """(inputs, targets) of the samples idx (all of them for None)."""
+        return self.data.batch(np.arange(len(self.data), dtype=np.int64) if idx is None else idx)
+
+    def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
+        """``model.grad`` on the minibatch, as float64 (and its loss in ``last_loss``)."""
+        inputs, targets = self.batch(idx)
+        self.last_loss = float(self.model.loss(x, inputs, targets))
+        return np.asarray(self.model.grad(x, inputs, targets), dtype=np.float64)
+
+
+def local_objective(model: Any, data: LocalData) -> TorchObjective | ModelObjective:
+    """f_i of a node: :class:`TorchObjective` for a :class:`fedapp.models.torch_model.TorchModel` (buffer-free),
+    :class:`ModelObjective` for a numpy model object."""
+    if hasattr(model, "batch_gradient") and hasattr(model, "set_flat") and hasattr(model, "num_trainable"):
+        return TorchObjective(model, data)
+    return ModelObjective(model, data)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -802,63 +849,3 @@ def _simulate_per_node(params: DPQParams, w: FloatArray, nbrs: list[list[int]], 
         if callback is not None:
             callback(k, stacked, last)
     return DPQTrace(x=np.stack(xs), consensus_error=np.array(consensus), states=states, last_messages=last)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# MNIST setup (spec 6.3)
-
-
-@dataclass
-class MnistSetup:
-    """The spec 6.3 network: mixing matrix ``A``, ``graph``, per-node :class:`TorchObjective` (IID shards), the
-    common x_0, the 10k test set, and the shared :class:`fedapp.models.torch_net.TorchNet`."""
-
-    A: FloatArray
-    graph: topology.Graph
-    objectives: list[TorchObjective]
-    x0: FloatArray
-    test: ArrayDataset
-    net: TorchNet
-
-
-def mnist_setup(num_nodes: int = 5, *, graph: str = "ring", seed: int = 0, partition_seed: int | None = None,
-                model: str = "lenet5-valid", source: str = "offline", samples_per_node: int | None = None,
-                binarize: bool = False) -> MnistSetup:
-    """Spec 6.3: MNIST split IID (seeded shuffle, equal shards: 12,000 each for 5 nodes) by
-    ``load_partition('mnist', 'iid', i, num_nodes, partition_seed)``, Metropolis weights on ``graph`` (a
-    :func:`fedapp.topology.parse_graph` spec; ring: 1/3 everywhere, rho_L = 0.4607 for 5 nodes), the unpadded LeNet-5
-    (d = 44,426) with torch's default init seeded from ``default_rng([seed, 53])``, shared by all nodes.
-
-    ``samples_per_node`` keeps only the first that many samples of each shard (for tests); ``partition_seed``
-    defaults to ``seed``.
-    """
-    from fedapp.data import load_dataset, load_partition
-    from fedapp.models.torch_net import TorchNet
-
-    g = topology.parse_graph(graph, num_nodes, seed)
-    w = topology.metropolis_weights(g)
-    topology.validate_mixing(w, g)
-    _, test, info = load_dataset("mnist", source)
-    net = TorchNet(model, info.num_classes, info.num_features)
-    x0 = net.init(np.random.default_rng([seed, STREAM_DPQ_INIT]))
-    pseed = seed if partition_seed is None else partition_seed
-    objectives = []
-    for i in range(num_nodes):
-        shard = load_partition("mnist", "iid", i, num_nodes, pseed, source)
-        if samples_per_node is not None:
-            shard = shard.subset(np.arange(min(samples_per_node, len(shard))))
-        objectives.append(TorchObjective(net, shard, binarize=binarize))
-    return MnistSetup(A=w, graph=g, objectives=objectives, x0=x0, test=test, net=net)
-
-
-def node_accuracies(setup: MnistSetup, x: ArrayLike, *, test_limit: int | None = None) -> dict[str, FloatArray]:
-    """Spec 6.3 / 9.17: each node's own x_i on its shard (``train``) and on the test set (``test``, the first
-    ``test_limit`` samples if given); arrays of length n (report mean, min, max)."""
-    xs = np.asarray(x, dtype=np.float64)
-    test = setup.test if test_limit is None else setup.test.subset(np.arange(min(test_limit, len(setup.test))))
-    train_acc, test_acc = [], []
-    for i, obj in enumerate(setup.objectives):
-        train_acc.append(setup.net.accuracy(xs[i], obj.features(), obj.data.y))
-        feats = (test.x > 0.5).astype(np.float64) if obj.binarize else test.x
-        test_acc.append(setup.net.accuracy(xs[i], feats, test.y))
-    return {"train": np.array(train_acc), "test": np.array(test_acc)}

@@ -30,7 +30,9 @@ so the serialized size is ``13 + ceil(d w / 8)`` bytes against the spec's accoun
 (:func:`message_bits`; its 40-bit header assumes an int32 offset and no count): at most 71 bits more. Any width
 0..64 is supported, so every int64 level vector round-trips exactly (the span ``max - min`` of int64 values fits
 in 64 bits; differences are taken modulo 2^64). :func:`decode_levels` refuses malformed payloads with
-:class:`~fedapp.compression.codec.MalformedPayload` (a ``ValueError``).
+:class:`~fedapp.compression.codec.MalformedPayload` (a ``ValueError``), including non-canonical ones (offset other
+than the minimum, width wider than the span needs): the encoding of a level vector is unique, so a message cannot
+be padded with wasted bits.
 
 With quantization off (``q_step = 0``) the message is the float32 vector ``{"dense": float32[d]}``, the same form
 as :func:`fedapp.compression.codec.encode_dense` (:func:`encode_float32`); it is also the 32 d-bit reference of the
@@ -277,7 +279,8 @@ def decode_levels(arrays: Mapping[str, Any], count: int | None = None) -> NDArra
     MalformedPayload
         On wrong keys, a non-ndarray, wrong dtype or ndim, a payload shorter than the header, width > 64, a header
         count different from ``count``, a body length other than ``ceil(count * width / 8)``, non-zero padding bits,
-        or ``offset + value`` beyond int64.
+        ``offset + value`` beyond int64, or a non-canonical header (offset other than the smallest level, width
+        other than the bits the span needs: :func:`encode_levels` never writes one).
     """
     keys = set(arrays.keys())
     if keys != {_LEVELS}:
@@ -302,6 +305,8 @@ def decode_levels(arrays: Mapping[str, Any], count: int | None = None) -> NDArra
             f"body has {body.shape[0]} bytes, but count {n} x width {width} needs ceil({nbits}/8) = {expected}"
         )
     if width == 0:
+        if n == 0 and offset != 0:
+            raise MalformedPayload(f"non-canonical header: an empty message has offset 0, got {offset}")
         return np.full(n, offset, dtype=np.int64)
     flat = np.unpackbits(body)
     if np.any(flat[nbits:]):
@@ -309,8 +314,17 @@ def decode_levels(arrays: Mapping[str, Any], count: int | None = None) -> NDArra
     full = np.zeros((n, _MAX_WIDTH), dtype=np.uint8)
     full[:, _MAX_WIDTH - width :] = flat[:nbits].reshape(n, width)
     diff = np.packbits(full, axis=1).view(">u8").reshape(n).astype(np.uint64)
-    if n and offset + int(diff.max()) > _INT64_MAX:
-        raise MalformedPayload(f"offset {offset} + value {int(diff.max())} overflows int64")
+    # The encoding is canonical (offset = the smallest level, width = the bits the span needs), so one level vector
+    # has exactly one payload: a sender cannot pad its message (the server forwards it to every neighbour) or
+    # disguise its level range.
+    low, span = int(diff.min()), int(diff.max())
+    if low != 0:
+        raise MalformedPayload(f"non-canonical header: offset {offset} is not the smallest level ({offset + low})")
+    if span.bit_length() != width:
+        raise MalformedPayload(f"non-canonical header: width {width}, but the levels span {span} needs "
+                               f"{span.bit_length()} bits")
+    if offset + span > _INT64_MAX:
+        raise MalformedPayload(f"offset {offset} + value {span} overflows int64")
     return (diff + np.uint64(offset % 2**64)).view(np.int64)
 
 

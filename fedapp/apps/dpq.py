@@ -1,9 +1,10 @@
-"""DPQ-DSGD from a run config: validation, run constants, the nodes' data and model (seed 004, spec dp_quantized.md).
+"""Seed 004 family (DPQ-DSGD and its ablations): run-config keys -> the public constructors, and the MNIST setup.
 
-The one place where the ``dpq-*`` run-config keys become the framework-free objects of
-:mod:`fedapp.algorithms.dpq` and :mod:`fedapp.privacy.dpq`; the Flower strategy (strategies/dpq.py), its agents
-(clients/dpq.py), the experiment script (simulations/dpq_table.py) and the tests all call it, so a Flower run and
-:func:`fedapp.algorithms.dpq.simulate` on :func:`network` use the same numbers.
+The one place where the ``dpq-*`` run-config keys become :class:`strategies.dpq.DPQDSGD` /
+:class:`clients.dpq.DPQClient` (:func:`dpq_strategy`, :func:`dpq_client`) and the framework-free objects of
+:mod:`fedapp.algorithms.dpq` and :mod:`fedapp.privacy.dpq` (:func:`params`, :func:`schedule`, :func:`network`). The
+Flower run, the in-process driver, :func:`fedapp.algorithms.dpq.simulate` on :func:`network` (the experiment script
+simulations/dpq_table.py) and the tests use the same numbers, data and x_0.
 
 Keys (spec 2.1 defaults = the paper's MNIST preset, spec 6.1)
 --------------------------------------------------------------
@@ -27,38 +28,45 @@ Keys (spec 2.1 defaults = the paper's MNIST preset, spec 6.1)
     ``num-server-rounds`` rounds of the horizon-K schedule (e.g. a few rounds with the paper's batch of 50); a run
     cannot go past its horizon (spec 9.19), so ``num-server-rounds <= dpq-horizon + 2``.
 ``dpq-eval-limit``
-    Evaluate on the first N test samples (and the first N samples of each node's shard for the train accuracy);
-    0 = all (MNIST: the 10k test set, 12k per shard).
+    The nodes evaluate their own models on the first N test samples (and the first N samples of their shard for the
+    train accuracy); 0 = all (MNIST: the 10k test set, 12k per shard).
 ``dpq-eval-average``
-    In evaluation rounds every node also uploads its exact x_i so the server can evaluate the node-average model.
-    Evaluation only and **outside the DP guarantee** (spec 7.7's ``debug_leak_state``), hence off by default.
+    In evaluation rounds every node also uploads its exact x_i and the server evaluates the node-average model on
+    the whole test set (the app's central evaluation). Evaluation only and **outside the DP guarantee** (spec 7.7's
+    ``debug_leak_state``), hence off by default; the app's nodes allow it (``share_model``) exactly when it is on.
 
 Shared keys: ``graph`` (Metropolis-Hastings weights on it, spec 6.3; default the ring), ``num-clients`` (n),
 ``dataset`` (mnist / fashion-mnist), ``model`` (a buffer-free torch net; ``lenet5-valid`` is spec 6.3's d = 44,426),
 ``partitioner`` (``paper`` = the paper's "uniformly divided" IID split, spec 9.22; or iid / dirichlet / label-k),
-``samples-per-client`` (keep the first N samples of each node's shard; 0 = all), ``seed`` (data split, x_0 and
-every stream of :mod:`fedapp.algorithms.dpq`), ``eval-every``.
+``samples-per-client`` (keep the first N samples of each node's shard; 0 = all), ``seed`` (data split, x_0 and,
+as every node's device seed, every stream of :mod:`fedapp.algorithms.dpq`), ``eval-every``.
 
 Wire format of unquantized messages (dp-only, dsgd): float32 (``{"dense": float32[d]}``, spec 3's 32 d bits), and
-:class:`~fedapp.algorithms.dpq.DPQParams` has ``float_messages="float32"``, so the simulator rounds the messages the
-same way and stays bit-equal to the Flower run; the states x are float64 everywhere.
+:func:`params` has ``float_messages="float32"``, so the simulator rounds the messages the same way and stays bit-equal
+to the Flower run; the states x are float64 everywhere.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+from flwr.app import ArrayRecord, Context
 
 from fedapp import topology
 from fedapp.algorithms import dpq
-from fedapp.config import ConfigError, RunConfig
+from fedapp.apps.common import federation, node_of
+from fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedapp.localdata import ArrayData
 from fedapp.privacy.dpq import DPQSchedule
 
 if TYPE_CHECKING:
+    from clients.dpq import DPQClient
     from fedapp.data.sources import ArrayDataset
     from fedapp.models.torch_net import TorchNet
+    from strategies.dpq import DPQDSGD
 
 #: buffer-free torch networks on 28x28 grey images (x is exactly the trainable weights)
 DPQ_MODELS = ("lenet5-valid", "lenet5", "cnn")
@@ -67,20 +75,60 @@ DPQ_DATASETS = ("mnist", "fashion-mnist")
 __all__ = [
     "DPQ_DATASETS",
     "DPQ_MODELS",
+    "DPQNetwork",
     "build_net",
+    "dpq_client",
+    "dpq_strategy",
     "eval_data",
     "evaluate",
     "horizon",
+    "initial_arrays",
     "initial_model",
+    "mnist_setup",
     "network",
+    "node_accuracies",
     "node_data",
-    "node_objective",
     "params",
     "schedule",
     "validate_config",
 ]
 
 
+# ---------------------------------------------------------------------------------------------- the public classes
+def dpq_strategy(cfg: RunConfig) -> DPQDSGD:
+    """The run's :class:`strategies.dpq.DPQDSGD`: the ``dpq-*`` keys as its keyword arguments."""
+    from strategies.dpq import DPQDSGD
+
+    return DPQDSGD(
+        variant=cfg.dpq_variant, q_step=cfg.dpq_q_step, horizon=cfg.dpq_horizon or None, a1=cfg.dpq_a1,
+        alpha=cfg.dpq_alpha, a2=cfg.dpq_a2, beta=cfg.dpq_beta, a3=cfg.dpq_a3, gamma=cfg.dpq_gamma,
+        sigma_exp=cfg.dpq_sigma_exp, sigma_offset=cfg.dpq_sigma_offset, sigma_scale=cfg.dpq_sigma_scale,
+        delta_exp=cfg.dpq_delta_exp, dp_C=cfg.dpq_c, evaluate_average=cfg.dpq_eval_average, graph=cfg.graph,
+        **federation(cfg),
+    )
+
+
+def dpq_client(cfg: RunConfig, context: Context) -> DPQClient:
+    """Node ``partition-id``'s :class:`clients.dpq.DPQClient`: the zoo network on its shard, the (limited) test set,
+    the run seed as the device's seed."""
+    from clients.dpq import DPQClient
+
+    pid, _ = node_of(context)
+    shard = node_data(cfg, pid)
+    test = eval_data(cfg)
+    return DPQClient(build_net(cfg), ArrayData(shard.x, shard.y), context=context, seed=cfg.seed,
+                     test_data=ArrayData(test.x, test.y), eval_samples=cfg.dpq_eval_limit or None,
+                     share_model=cfg.dpq_eval_average)
+
+
+def initial_arrays(cfg: RunConfig) -> ArrayRecord:
+    """x_0 as the strategy's ``initial_arrays``: the zoo network's state dict (float32) after :func:`initial_model`."""
+    net = build_net(cfg)
+    initial_model(cfg, net)
+    return ArrayRecord(net.module.state_dict())
+
+
+# ---------------------------------------------------------------------------------------------- run config
 def horizon(cfg: RunConfig) -> int:
     """K: ``dpq-horizon``, or ``num-server-rounds - 2`` when it is 0 (bootstrap round + k = 0..K)."""
     return cfg.dpq_horizon or cfg.num_server_rounds - 2
@@ -96,7 +144,8 @@ def schedule(cfg: RunConfig) -> DPQSchedule:
 
 
 def params(cfg: RunConfig) -> dpq.DPQParams:
-    """Run constants of the configured variant (float32 unquantized messages, module docstring)."""
+    """The simulator's run constants of the configured variant: what every node of the Flower run uses (its seed is
+    the run seed; float32 unquantized messages, module docstring)."""
     base = dpq.params_from_schedule(schedule(cfg), q_step=cfg.dpq_q_step, seed=cfg.seed, float_messages="float32")
     return dpq.ablation(base, cfg.dpq_variant)
 
@@ -151,16 +200,13 @@ def validate_config(cfg: RunConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- data and model
-
-
 def _scheme(cfg: RunConfig) -> str:
     # the paper's split is "uniformly divided": a seeded IID split (spec 6.3, 9.22)
     return "iid" if cfg.partitioner == "paper" else cfg.partitioner
 
 
 def node_data(cfg: RunConfig, partition_id: int) -> ArrayDataset:
-    """Node ``partition_id``'s shard (:func:`fedapp.data.load_partition`, the first ``samples-per-client`` if set);
-    for mnist / paper this is :func:`fedapp.algorithms.dpq.mnist_setup`'s shard."""
+    """Node ``partition_id``'s shard (:func:`fedapp.data.load_partition`, the first ``samples-per-client`` if set)."""
     from fedapp.data import load_partition
 
     shard = load_partition(cfg.dataset, _scheme(cfg), partition_id, cfg.num_clients, cfg.seed, cfg.data_source,
@@ -180,27 +226,8 @@ def build_net(cfg: RunConfig) -> TorchNet:
 
 
 def initial_model(cfg: RunConfig, net: TorchNet | None = None) -> dpq.FloatArray:
-    """The common, data-independent x_0: torch's default init seeded from ``default_rng([seed, 53])`` (spec 2.3),
-    the same as :func:`fedapp.algorithms.dpq.mnist_setup`'s; every node computes it itself (no download)."""
+    """The common, data-independent x_0: torch's default init seeded from ``default_rng([seed, 53])`` (spec 2.3)."""
     return (net or build_net(cfg)).init(np.random.default_rng([cfg.seed, dpq.STREAM_DPQ_INIT]))
-
-
-_OBJECTIVES: dict[tuple[Any, ...], dpq.TorchObjective] = {}
-
-
-def _data_key(cfg: RunConfig) -> tuple[Any, ...]:
-    return (cfg.dataset, cfg.data_source, _scheme(cfg), cfg.num_clients, cfg.seed, cfg.samples_per_client,
-            cfg.labels_per_client, cfg.dirichlet_alpha, cfg.model)
-
-
-def node_objective(cfg: RunConfig, partition_id: int) -> dpq.TorchObjective:
-    """Node ``partition_id``'s f_i (mean cross-entropy of its own net on its shard), cached per process."""
-    key = (*_data_key(cfg), partition_id)
-    if key not in _OBJECTIVES:
-        if len(_OBJECTIVES) >= 16:
-            _OBJECTIVES.clear()
-        _OBJECTIVES[key] = dpq.TorchObjective(build_net(cfg), node_data(cfg, partition_id))
-    return _OBJECTIVES[key]
 
 
 _TESTS: dict[tuple[str, str, int], ArrayDataset] = {}
@@ -220,20 +247,57 @@ def eval_data(cfg: RunConfig) -> ArrayDataset:
     return _TESTS[key]
 
 
-def evaluate(net: TorchNet, x: dpq.FloatArray, data: ArrayDataset, limit: int = 0) -> tuple[float, float]:
+def evaluate(net: TorchNet, x: dpq.FloatArray, data: ArrayDataset | ArrayData, limit: int = 0) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of the flat model x on ``data`` (its first ``limit`` samples if > 0)."""
-    if limit and limit < len(data):
-        data = data.subset(np.arange(limit))
-    return net.evaluate(x, data.x, data.y)
+    n = min(limit, len(data)) if limit else len(data)
+    return net.evaluate(x, data.x[:n], data.y[:n])
 
 
-def network(cfg: RunConfig) -> dpq.MnistSetup:
-    """Every node of the run in one process (for :func:`fedapp.algorithms.dpq.simulate`): Metropolis A on the
-    graph, the nodes' objectives (one shared net), the common x_0 and the (limited) test set."""
+# ---------------------------------------------------------------------------------------------- every node in one process
+@dataclass
+class DPQNetwork:
+    """Every node of a run (spec 6.3): mixing matrix ``A`` on ``graph``, the nodes' objectives (one shared net) on
+    their ``shards``, the common x_0, the (limited) test set and the net."""
+
+    A: dpq.FloatArray
+    graph: topology.Graph
+    objectives: list[dpq.TorchObjective]
+    shards: list[ArrayData]
+    x0: dpq.FloatArray
+    test: ArrayDataset
+    net: TorchNet
+
+
+def network(cfg: RunConfig) -> DPQNetwork:
+    """The run in one process, for :func:`fedapp.algorithms.dpq.simulate`: the same graph, shards, x_0 and test set
+    as the Flower run of ``cfg``."""
     g = topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
     w = topology.metropolis_weights(g)
     topology.validate_mixing(w, g)
     net = build_net(cfg)
     x0 = initial_model(cfg, net)
-    objectives = [dpq.TorchObjective(net, node_data(cfg, i)) for i in range(cfg.num_clients)]
-    return dpq.MnistSetup(A=w, graph=g, objectives=objectives, x0=x0, test=eval_data(cfg), net=net)
+    shards = [ArrayData(s.x, s.y) for s in (node_data(cfg, i) for i in range(cfg.num_clients))]
+    objectives = [dpq.TorchObjective(net, shard) for shard in shards]
+    return DPQNetwork(A=w, graph=g, objectives=objectives, shards=shards, x0=x0, test=eval_data(cfg), net=net)
+
+
+def mnist_setup(num_nodes: int = 5, *, graph: str = "ring", seed: int = 0, model: str = "lenet5-valid",
+                source: str = "offline", samples_per_node: int | None = None) -> DPQNetwork:
+    """Spec 6.3: MNIST split IID (seeded shuffle, equal shards: 12,000 each for 5 nodes), Metropolis weights on
+    ``graph`` (ring: 1/3 everywhere, rho_L = 0.4607 for 5 nodes), the unpadded LeNet-5 (d = 44,426) with torch's
+    default init seeded from ``default_rng([seed, 53])``, shared by all nodes; the full 10k test set.
+    ``samples_per_node`` keeps only the first that many samples of each shard (for tests)."""
+    return network(parse_run_config({
+        "algorithm": "dpq-dsgd", "dataset": "mnist", "data-source": source, "partitioner": "iid", "model": model,
+        "num-clients": num_nodes, "clients-per-round": num_nodes, "graph": graph, "seed": seed,
+        "samples-per-client": samples_per_node or 0, "num-server-rounds": 4,
+    }))
+
+
+def node_accuracies(setup: DPQNetwork, x: dpq.FloatArray, *, test_limit: int | None = None) -> dict[str, dpq.FloatArray]:
+    """Spec 6.3 / 9.17: each node's own x_i on its shard (``train``) and on the test set (``test``, the first
+    ``test_limit`` samples if given); arrays of length n (report mean, min, max)."""
+    xs = np.asarray(x, dtype=np.float64)
+    train = [evaluate(setup.net, xs[i], shard)[0] for i, shard in enumerate(setup.shards)]
+    test = [evaluate(setup.net, xs[i], setup.test, test_limit or 0)[0] for i in range(len(setup.shards))]
+    return {"train": np.array(train), "test": np.array(test)}
