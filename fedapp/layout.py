@@ -150,7 +150,8 @@ class ArrayLayout:
                     raise LayoutMismatch(f"no value for the carried entry {e.name!r}")
                 out[e.name] = np.array(carried[e.name], dtype=e.dtype, copy=True).reshape(e.shape)
             else:
-                out[e.name] = np.ascontiguousarray(vec[e.offset:e.offset + e.size].reshape(e.shape), dtype=e.dtype)
+                # np.asarray, not np.ascontiguousarray: the latter turns a 0-d entry into shape (1,)
+                out[e.name] = np.asarray(vec[e.offset:e.offset + e.size].reshape(e.shape), dtype=e.dtype, order="C")
         return out
 
     def slices(self) -> dict[str, slice]:

@@ -115,8 +115,9 @@ def arrays_of(record: ArrayRecord) -> dict[str, NDArray[Any]]:
 
 
 def record_of(arrays: Mapping[str, NDArray[Any]]) -> ArrayRecord:
-    """An ArrayRecord holding ``arrays`` under their names, in order."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    """An ArrayRecord holding ``arrays`` under their names, in order (a 0-d array stays 0-d: np.ascontiguousarray
+    would make it 1-d)."""
+    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
 
 
 def _metric_ok(value: Any) -> bool:

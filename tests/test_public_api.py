@@ -24,7 +24,7 @@ from fedapp.localdata import ArrayData, TorchData, as_local_data
 from fedapp.models.torch_model import TorchModel
 from fedapp.privacy import Eq36Calibration
 from simulations.inprocess import run_clients
-from strategies.base import RoundFailed, arrays_of, concise_error
+from strategies.base import RoundFailed, arrays_of, concise_error, record_of
 from strategies.fedavg import FedAvg
 from strategies.fedpdm import BSDPFedPDM, DPFedPDM
 
@@ -299,3 +299,17 @@ def test_concise_error_extracts_the_clients_message() -> None:
     assert concise_error(wrapped) == "refused: budget"
     assert concise_error("<class 'ValueError'>:<'bad rho'>") == "bad rho"
     assert concise_error("x" * 500).endswith("...") and len(concise_error("x" * 500)) == 300
+
+
+def test_zero_dimensional_entries_keep_their_shape() -> None:
+    """A 0-d float parameter and BatchNorm's 0-d num_batches_tracked come back 0-d (np.ascontiguousarray would
+    return them with shape (1,), and the layout fingerprints of server and client would differ)."""
+    state = {"scale": np.array(1.5, dtype=np.float32), "w": np.ones((2, 2), np.float32),
+             "steps": np.array(7, dtype=np.int64)}
+    layout = ArrayLayout.of(state)
+    back = layout.unflatten(layout.flatten(state) + 1.0, state)
+    assert [v.shape for v in back.values()] == [(), (2, 2), ()] and back["scale"] == np.float32(2.5)
+    record = record_of(back)
+    got = arrays_of(record)
+    assert [v.shape for v in got.values()] == [(), (2, 2), ()]
+    assert ArrayLayout.of(got).fingerprint() == layout.fingerprint()
