@@ -109,7 +109,7 @@ FEDREP_KEYS = (
 SPARSESECAGG_PAPER = "Ergun, Sami, Guler, Sparsified Secure Aggregation for Privacy-Preserving Federated Learning, arXiv 2112.12872"
 SEED003 = "Yang, Wang, Li, FedREP: A Byzantine-Robust, Communication-Efficient and Privacy-Preserving Framework, arXiv 2303.05206"
 SHARE_PAPER = "Velicheti, Xia, Koyejo, Secure Byzantine-Robust Distributed Learning via Clustering, arXiv 2110.02940"
-FEDREP_CHECKS = "fedapp.algorithms.fedrep:validate_config"
+FEDREP_CHECKS = "fedapp.apps.fedrep:validate_config"
 RECAL_KEYS = (
     "graph", "walk", "walk-start", "recal-mode", "recal-epsilon", "recal-sigma1", "recal-r", "recal-delta", "xi-plan",
     "stop-on-budget", "alpha-scale", "recal-nu1", "recal-nu2", "label-mode", "recal-samples", "x1-init", "noise-seed",
@@ -144,7 +144,9 @@ RW_ADMM_PAPER = "Shah & Avrachenkov, asynchronous ADMM with Markov-chain node se
 # Flower's Krum / FedMedian / FedTrimmedAvg on the FedREP setup: the local algorithm and attack keys, no ConSpar,
 # buffers, masking or FedREP aggregator (tmean-fraction only for FedTrimmedAvg's beta)
 FLWR_ROBUST_KEYS = ("local-steps", "lr", "momentum", "lr-decay-round", "byzantine-clients", "attack", "alie-z", "foe-eps")
-FLWR_ROBUST_CHECKS = "fedapp.algorithms.fedrep:validate_flower_robust"
+FLWR_ROBUST_CHECKS = "fedapp.apps.fedrep:validate_flower_robust"
+#: w^0 of the FedREP family: the zoo network's state dict, torch's initialisation seeded with the run seed
+FEDREP_INITIAL = "fedapp.apps.fedrep:fedrep_initial"
 KRUM_PAPER = "Blanchard et al., Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent, NeurIPS 2017"
 YIN_PAPER = "Yin et al., Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates, ICML 2018"
 SEED000 = "Li et al., Privacy-preserving Federated Primal-dual Learning ..., arXiv 2310.19558"
@@ -222,24 +224,25 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Seed 003 (spec shared/specs/fedrep.md): all m clients every round, two exchanges per round.
     "fedrep": AlgorithmSpec(
-        "strategies.fedrep:FedREP", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", FEDREP_KEYS,
         "FedREP: ConSpar consensus sparsification + buffered pairwise-masked secure aggregation + robust aggregation",
-        SEED003, FEDREP_CHECKS, False,
+        SEED003, FEDREP_CHECKS, False, FEDREP_INITIAL,
     ),
     "share": AlgorithmSpec(
-        "strategies.fedrep:SHARE", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", FEDREP_KEYS,
         "SHARE: buffered secure + robust aggregation of dense updates (FedREP with k = d)", SHARE_PAPER,
-        FEDREP_CHECKS, False,
+        FEDREP_CHECKS, False, FEDREP_INITIAL,
     ),
     "fedrep-fedavg": AlgorithmSpec(
-        "strategies.fedrep:DenseFedAvg", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", FEDREP_KEYS,
         "FedAvg baseline of the FedREP experiments: mean of the dense updates in the clear (same local algorithm)",
-        FEDAVG_PAPER, FEDREP_CHECKS, False,
+        FEDAVG_PAPER, FEDREP_CHECKS, False, FEDREP_INITIAL,
     ),
     "sparse-secagg": AlgorithmSpec(
-        "strategies.fedrep:SparseSecAgg", "clients.fedrep:SparseSecAggClient", (*FEDREP_KEYS, "sparsesecagg-scale"),
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", (*FEDREP_KEYS, "sparsesecagg-scale"),
         "SparseSecAgg baseline: pairwise Bernoulli location masks + additive masks, per-coordinate sums, no error "
         "compensation, no robust aggregation (Gamma = conspar-fraction)", SPARSESECAGG_PAPER, FEDREP_CHECKS, False,
+        FEDREP_INITIAL,
     ),
     # Seed 001 (spec shared/specs/dp_recal.md): the server only routes the baton along a random walk.
     "dp-recal": AlgorithmSpec(
@@ -280,19 +283,19 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Flower's own robust strategies on the FedREP setup (torch net, Eq. (180) clients), Flower engines only.
     "flwr-krum": AlgorithmSpec(
-        "strategies.flower_robust:FlwrKrum", "clients.fedrep:FlowerDenseClient", FLWR_ROBUST_KEYS,
+        "fedapp.apps.fedrep:flower_robust_strategy", "fedapp.apps.fedrep:flower_robust_client", FLWR_ROBUST_KEYS,
         "Flower's built-in Krum (num_malicious_nodes = byzantine-clients) over all clients' models, FedREP setup",
-        KRUM_PAPER, FLWR_ROBUST_CHECKS, False,
+        KRUM_PAPER, FLWR_ROBUST_CHECKS, False, FEDREP_INITIAL,
     ),
     "flwr-fedmedian": AlgorithmSpec(
-        "strategies.flower_robust:FlwrFedMedian", "clients.fedrep:FlowerDenseClient", FLWR_ROBUST_KEYS,
+        "fedapp.apps.fedrep:flower_robust_strategy", "fedapp.apps.fedrep:flower_robust_client", FLWR_ROBUST_KEYS,
         "Flower's built-in FedMedian (coordinate-wise median) over all clients' models, FedREP setup",
-        YIN_PAPER, FLWR_ROBUST_CHECKS, False,
+        YIN_PAPER, FLWR_ROBUST_CHECKS, False, FEDREP_INITIAL,
     ),
     "flwr-fedtrimmedavg": AlgorithmSpec(
-        "strategies.flower_robust:FlwrFedTrimmedAvg", "clients.fedrep:FlowerDenseClient",
+        "fedapp.apps.fedrep:flower_robust_strategy", "fedapp.apps.fedrep:flower_robust_client",
         (*FLWR_ROBUST_KEYS, "tmean-fraction"),
         "Flower's built-in FedTrimmedAvg (beta = tmean-fraction cut per side) over all clients' models, FedREP setup",
-        YIN_PAPER, FLWR_ROBUST_CHECKS, False,
+        YIN_PAPER, FLWR_ROBUST_CHECKS, False, FEDREP_INITIAL,
     ),
 }
