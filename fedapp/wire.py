@@ -22,8 +22,9 @@ def recorddict_nbytes(content: RecordDict) -> int:
 
 
 def array_record(arrays: list[NDArray[Any]]) -> ArrayRecord:
-    """ArrayRecord from a list of numpy arrays (keys "0", "1", ... as in Flower's NumPyClient bridge)."""
-    return ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+    """ArrayRecord from a list of numpy arrays (keys "0", "1", ... as in Flower's NumPyClient bridge); a 0-d array
+    stays 0-d (np.ascontiguousarray would send it with shape (1,))."""
+    return ArrayRecord([np.asarray(a, order="C") for a in arrays])
 
 
 def train_content(arrays: list[NDArray[Any]], config: Mapping[str, Any], *, arrays_key: str = "arrays",
