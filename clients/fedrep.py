@@ -167,6 +167,28 @@ class LocalMomentumClient(FedClient):
         return local_momentum_sgd(self.model, np.asarray(w, dtype=np.float64), momentum, data, lr=lr, beta=beta,
                                   steps=steps, batch_size=b, cursor=int(st.get("cursor", 0)), permutation=permutation)
 
+    def _flat_model(self, parameters: list[NDArray[Any]]) -> FloatArray:
+        """w from the arrays of a message, in this model's state-dict layout (float32 values, as the device holds
+        them); the integer entries of the layout are not part of w."""
+        layout = self.model.layout
+        if len(parameters) != len(layout.entries):
+            raise ValueError(f"the message holds {len(parameters)} arrays, this model's state dict "
+                             f"{len(layout.entries)}: start the strategy with initial_arrays=ArrayRecord(net.state_dict())")
+        parts = []
+        for e, a in zip(layout.entries, parameters, strict=True):
+            if tuple(np.shape(a)) != e.shape:
+                raise ValueError(f"array for {e.name!r} has shape {tuple(np.shape(a))}, expected {e.shape}")
+            if e.in_vector:
+                parts.append(np.asarray(a, dtype=np.float32).reshape(-1))
+        return np.concatenate(parts).astype(np.float64)
+
+    def evaluate(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
+        """Loss and accuracy on this client's data of a model sent as one flat vector or as the state dict's arrays
+        (Flower's federated evaluation)."""
+        if len(parameters) == 1 and np.asarray(parameters[0]).size == self.model.dim:
+            return super().evaluate(parameters, config)
+        return super().evaluate([self._flat_model(parameters)], config)
+
 
 class MomentumSGDClient(LocalMomentumClient):
     """FedREP's local algorithm for one plain ``train`` message: Flower's own strategies can drive it.
@@ -197,21 +219,6 @@ class MomentumSGDClient(LocalMomentumClient):
         self._save_state(st)
         return self._arrays_like(model, parameters), self.num_examples, {"train_loss": res.loss,
                                                                           "partition-id": self.client_id}
-
-    def _flat_model(self, parameters: list[NDArray[Any]]) -> FloatArray:
-        """w^t from the arrays of the message, in this model's state-dict layout (float32 values, as the device
-        holds them); the integer entries of the layout are not part of w."""
-        layout = self.model.layout
-        if len(parameters) != len(layout.entries):
-            raise ValueError(f"the message holds {len(parameters)} arrays, this model's state dict "
-                             f"{len(layout.entries)}: start the strategy with initial_arrays=ArrayRecord(net.state_dict())")
-        parts = []
-        for e, a in zip(layout.entries, parameters, strict=True):
-            if tuple(np.shape(a)) != e.shape:
-                raise ValueError(f"array for {e.name!r} has shape {tuple(np.shape(a))}, expected {e.shape}")
-            if e.in_vector:
-                parts.append(np.asarray(a, dtype=np.float32).reshape(-1))
-        return np.concatenate(parts).astype(np.float64)
 
     def _arrays_like(self, x: FloatArray, parameters: list[NDArray[Any]]) -> list[NDArray[Any]]:
         """x in the arrays of the message (their dtypes and shapes); integer entries echoed as received."""
@@ -268,7 +275,7 @@ class FedREPClient(LocalMomentumClient):
         st = self._state()
         g = self._load("g", np.float64)
         if g is None or int(st.get("pending-round", -1)) != server_round:
-            raise ValueError(f"client {self.client_id}: no pending update for round {server_round} (phase 1 missing)")
+            raise ValueError(f"no pending update for round {server_round} (phase 1 missing)")
         return st, g
 
     # ---------------------------------------------------------------- phase 1
@@ -293,8 +300,8 @@ class FedREPClient(LocalMomentumClient):
                 raise ValueError(f"sparse downlink has an index outside [0, {d})")
             w = server_step(w, idx, values)
         if model_crc(w) != cfg.integer("model-crc"):
-            raise ValueError(f"client {self.client_id}: local model out of sync with the server at round "
-                             f"{cfg.integer(ROUND_KEY)} (CRC mismatch); it needs a dense model")
+            raise ValueError(f"local model out of sync with the server at round {cfg.integer(ROUND_KEY)} (CRC "
+                             "mismatch): it needs the dense model")
         return w
 
     def propose(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> tuple[list[NDArray[Any]], dict[str, Any]]:

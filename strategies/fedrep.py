@@ -48,7 +48,7 @@ from fedapp.compression.conspar import ConSpar
 from fedapp.layout import FloatArray
 from fedapp.robust import CenteredClipping, Mean
 from fedapp.wire import train_content
-from strategies.base import ROUND_KEY, FederatedStrategy, RoundFailed, Scalar
+from strategies.base import ROUND_KEY, FederatedStrategy, RoundFailed, Scalar, concise_error
 
 if TYPE_CHECKING:
     from fedapp.attacks import OmniscientOracle
@@ -304,7 +304,7 @@ class FedREP(FederatedStrategy):
         for node_id, content in replies:
             cid = self.pid_of.get(node_id)
             if isinstance(content, str) or cid is None:
-                why = f"client error: {content}" if isinstance(content, str) else "unknown node"
+                why = f"client error: {concise_error(content)}" if isinstance(content, str) else "unknown node"
                 self.reject(server_round, node_id, f"propose: {why}")
                 if cid is not None:
                     self.synced.discard(cid)  # it may not hold w^t: send it the dense model next round
