@@ -24,6 +24,9 @@ pytestmark = pytest.mark.flower
 EXAMPLES: dict[str, tuple[dict[str, Any], int, str, float]] = {
     # chance is 0.1 on MNIST; 3 rounds of BSDP-FedPDM without noise measured 0.62-0.72
     "fedpdm_cnn": ({"num-server-rounds": 3}, 3, "accuracy", 0.3),
+    # FedREP (ConSpar K = 0.1 d, masked buffers of 2, geometric median) on a BatchNorm CNN, 4 nodes, 3 rounds:
+    # measured 0.854 through flwr run (37 s), 0.86 in process
+    "fedrep_cnn": ({"num-server-rounds": 3}, 4, "accuracy", 0.5),
 }
 
 
