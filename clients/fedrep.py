@@ -1,175 +1,337 @@
-"""FedREP client (Alg. 2 of Yang, Wang, Li, arXiv 2303.05206; spec shared/specs/fedrep.md 3.4): two phases.
+"""FedREP's clients (Alg. 2 of Yang, Wang, Li, arXiv 2303.05206; spec shared/specs/fedrep.md 3.4): the user's torch
+model and data, FedREP's local algorithm, and the client side of ConSpar and the buffered secure aggregation.
+
+:class:`FedREPClient` answers the two exchanges of a FedREP round (strategies/fedrep.py):
 
 ``propose`` (message ``query.propose``, phase 1)
     Bring the local model to w^t (apply the sparse aggregate of the last round, or take the dense model), train
     I steps of Eq. (180), form the error-compensated update g = u + (w^t - w_k^{t+1}), propose k coordinates
-    with ConSpar (Sec. 3.2), and, in ``secagg-mode = masked``, draw a fresh key pair for this round's buffer.
+    with ConSpar (Sec. 3.2), and, when the buffers are masked, draw a fresh key pair for this round's buffer.
     Reply: the proposal (uint32 indices) and the public key.
 ``fit`` (message ``train``, phase 2)
     Receive the consensus set I^t, the buffer and the buffer-mates' public keys; upload g[I^t] -- masked with
     pairwise one-time pads so the server learns only the buffer sum -- and keep u = g with I^t zeroed.
 
-Persistent state in ``context.state`` (spec 3.5): the error memory u, the momentum m of Eq. (180), the
-pending g between the phases (with its round tag), the data cursor, the local copy of w (sparse downlink), and
-the round's secret key. A pending g that was never asked for (the client was left out of phase 2) is folded
-back into u at the next phase 1: nothing of it was transmitted.
+:class:`MomentumSGDClient` runs the same local algorithm for one plain Flower ``train`` message (the model in,
+the trained model out, in the arrays it was sent): the client of Flower's own Krum / FedMedian / FedTrimmedAvg
+(strategies/flower_robust.py), or of any strategy that sends the model and the keys below.
 
-A Byzantine client (simulation only: its partition id is drawn from the run seed, :func:`fedapp.attacks.byzantine_ids`)
-runs this same honest pipeline and corrupts only what it transmits (spec 11.10): bit-flipping of its phase-2
-values and the min / rand coordinate attacks of Appendix C.2 are applied here; ALIE, FoE and "same" need the
-honest clients' messages and live in the server's simulation-only oracle (strategies/fedrep.py).
+Everything algorithmic arrives in the message config, read through :class:`clients.base.MessageConfig`:
+
+=====================  =============================================================================================
+key                    meaning
+=====================  =============================================================================================
+``lr``                 eta_t of Eq. (180) this round (> 0)
+``momentum``           beta of Eq. (180), in [0, 1)
+``local-steps``        I
+``batch-size``         B (absent: the batch size of the client's DataLoader)
+``k``, ``alpha``       ConSpar's per-client budget (k = d: propose nothing, upload every coordinate) and obfuscation
+``error-feedback``     keep the error memory u (false: u = 0, SparseSecAgg)
+``masked``             pairwise-masked uploads (a fresh key pair per round)
+``dense-model``        the downlink is the dense w^t (else the last sparse aggregate, checked by ``model-crc``)
+``sparse-downlink``    keep w^t in the state: the next downlink will be sparse
+``upload``             phase 2: ``conspar`` (g on I^t) or ``sparse-secagg`` (pairwise location masks)
+``buffer-id``,         phase 2: the buffer, the id that orders the pairwise masks, the buffer-mates, the label of
+``client-id``,         this run's masks, and SparseSecAgg's location probability
+``peer-ids``,
+``peer-keys``,
+``mask-session``, ``p``
+=====================  =============================================================================================
+
+Persistent state in ``context.state`` (spec 3.5): the error memory u, the momentum m of Eq. (180), the pending g
+between the phases (with its round tag), the data cursor, the local copy of w (sparse downlink) and the round's
+secret key. A pending g that was never asked for (the client was left out of phase 2) is folded back into u at the
+next phase 1: nothing of it was transmitted.
+
+Byzantine behaviour exists only for simulations: a client built with ``attack=ClientAttack(...)``
+(:mod:`fedapp.attacks`, simulation only) runs this same honest pipeline and corrupts only what it transmits (spec
+11.10). Without that argument no attack code runs.
 """
 
 from __future__ import annotations
 
-import zlib
-from typing import Any
+import secrets
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from numpy.typing import NDArray
 
-from fedapp import attacks
-from fedapp.algorithms.fedrep import local_momentum_sgd, server_step
-from fedapp.client_base import FedClient
+from clients.base import ROUND_KEY, FedClient, MessageConfig
+from fedapp.algorithms.fedrep import LocalResult, local_momentum_sgd, model_crc, server_step
 from fedapp.compression import conspar
-from fedapp.config import RunConfig
-from fedapp.data.sources import ArrayDataset
-from fedapp.models.base import FloatArray
-from fedapp.sampling import STREAM_CLIENT, STREAM_INIT, rng_for
-from fedapp.task import build_net, client_dataset
+from fedapp.layout import FloatArray
+from fedapp.localdata import ArrayData, TorchData
+from fedapp.sampling import STREAM_CLIENT, rng_for
 
-# RNG streams of a client round (0 is the data order of fedapp.client_base)
+if TYPE_CHECKING:
+    from fedapp.attacks import ClientAttack
+
+__all__ = ["FedREPClient", "LocalMomentumClient", "MomentumSGDClient"]
+
+# RNG streams of a client round (0 is the data order of clients.base)
 STREAM_ORDER, STREAM_PROPOSE, STREAM_QUANT, STREAM_ATTACK = 10, 11, 12, 13
 STATE = "fedrep"
+#: the in-place torch primitives Eq. (180) trains with (fedapp.models.torch_model.TorchModel)
+_TORCH_API = ("batch_gradient", "add_to_trainable", "set_flat", "get_flat", "num_trainable")
+
+Fit = tuple[list[NDArray[Any]], int, dict[str, Any]]
 
 
-_DATA: dict[tuple[Any, ...], ArrayDataset] = {}
-
-
-def cached_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> ArrayDataset:
-    """The client's partition, kept per process: a FedREP client is rebuilt twice a round, and copying its
-    partition out of the dataset each time cost more than its training (measured: 20 ms vs 16 ms per message).
-    A pure cache of deterministic data, not client state (that lives in context.state)."""
-    key = (cfg.dataset, cfg.data_source, cfg.partitioner, cfg.seed, cfg.labels_per_client, cfg.samples_per_client,
-           cfg.dirichlet_alpha, partition_id, num_partitions)
-    if key not in _DATA:
-        if len(_DATA) >= 256:
-            _DATA.clear()
-        _DATA[key] = client_dataset(cfg, partition_id, num_partitions)
-    return _DATA[key]
-
-
-def model_crc(w: NDArray[np.float32]) -> int:
-    """CRC-32 of the float32 model bytes: server and client compare it to prove they hold the same w."""
-    return zlib.crc32(np.ascontiguousarray(w, dtype=np.float32).tobytes())
-
-
-def initial_weights(cfg: RunConfig, net: Any) -> NDArray[np.float32]:
-    """w^0: torch's default initialisation seeded with the run seed (server and clients build the same one)."""
-    return net.init(rng_for(cfg.seed, STREAM_INIT)).astype(np.float32)  # type: ignore[no-any-return]
-
-
-class FedREPClient(FedClient):
-    """Honest FedREP client (and, in simulation, a Byzantine one running the same code).
+class LocalMomentumClient(FedClient):
+    """What FedREP's clients share: the user's torch model and data, Eq. (180), the state in ``context.state``.
 
     Parameters
     ----------
+    model
+        The user's torch ``nn.Module`` (FedREP trains it in place over its trainable parameters; float buffers such
+        as BatchNorm's running statistics travel in w like every other floating-point entry, spec 11.2).
+    data
+        The local training data: ``(x, y)`` arrays or a torch ``Dataset`` / ``DataLoader`` (its batch size is the
+        default B). Sampled by shuffled passes with a persistent cursor (spec 11.13).
+    loss_fn
+        ``loss_fn(outputs, targets)`` with mean reduction (default cross-entropy).
     context
-        Flower Context (node_config: partition-id / num-partitions; state: see the module docstring).
-    cfg
-        Run config: model, batch-size, lr, momentum, local-steps, conspar-fraction, conspar-alpha, secagg-mode,
-        byzantine-clients, attack, coord-attack, seed.
+        The node's Flower Context (bound on every message by :meth:`client_app` / :func:`clients.base.register`).
+    seed
+        The device's seed (data order, ConSpar's random coordinates, stochastic rounding); None (default) draws
+        from the OS (the pass order is then drawn once and kept in the state).
+    attack
+        SIMULATION ONLY: :class:`fedapp.attacks.ClientAttack` for a client a simulation made Byzantine; it corrupts
+        what this client transmits. None (default): an honest client.
     """
 
-    #: False for SparseSecAgg: no error compensation (u stays 0)
-    error_feedback = True
+    supports_buffers = True
 
-    def __init__(self, context: Context, cfg: RunConfig) -> None:  # no linear model: a torch network instead
-        self.bind_node(context, cfg)
-        self.data = cached_partition(cfg, self.partition_id, self.num_partitions)
-        self.net = build_net(cfg)
-        self.byzantine = self.partition_id in set(attacks.byzantine_ids(cfg.num_clients, cfg.byzantine_clients, cfg.seed))
+    def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Any = None, seed: int | None = None,
+                 attack: ClientAttack | None = None) -> None:
+        super().__init__(model, data, loss_fn, context=context, seed=seed)
+        missing = [a for a in _TORCH_API if not hasattr(self.model, a)]
+        if missing:
+            raise TypeError(f"{type(self).__name__} trains a torch nn.Module in place (Eq. 180); "
+                            f"{type(model).__name__} lacks {missing}")
+        if self.data is None:
+            raise ValueError(f"{type(self).__name__} needs local training data")
+        for name in ("corrupt_values", "corrupt_proposal"):
+            if attack is not None and not callable(getattr(attack, name, None)):
+                raise TypeError(f"attack must be a fedapp.attacks.ClientAttack, got {type(attack).__name__}")
+        self.attack = attack
 
     # ---------------------------------------------------------------- state helpers
     def _state(self) -> dict[str, Any]:
-        rec = self.node_context.state.config_records.get(STATE)
+        rec = self.state.config_records.get(STATE)
         return {} if rec is None else dict(rec)
 
     def _save_state(self, st: dict[str, Any]) -> None:
-        self.node_context.state[STATE] = ConfigRecord(st)
+        self.state[STATE] = ConfigRecord(st)
 
     def _load(self, name: str, dtype: Any) -> NDArray[Any] | None:
-        rec = self.node_context.state.array_records.get(name)
+        rec = self.state.array_records.get(name)
         return None if rec is None else np.asarray(rec.to_numpy_ndarrays()[0], dtype=dtype)
 
     def _save(self, name: str, value: NDArray[Any] | None) -> None:
         if value is None:
-            if name in self.node_context.state.array_records:
-                del self.node_context.state.array_records[name]
+            if name in self.state.array_records:
+                del self.state.array_records[name]
             return
-        self.node_context.state[name] = ArrayRecord([np.ascontiguousarray(value)])
+        self.state[name] = ArrayRecord([np.ascontiguousarray(value)])
+
+    # ---------------------------------------------------------------- Eq. (180)
+    def batch_size(self, cfg: MessageConfig) -> int:
+        """B from the message, else the batch size of the client's DataLoader."""
+        if "batch-size" in cfg:
+            return cfg.integer("batch-size", lo=1)
+        data = self.require_data()
+        if data.default_batch_size:
+            return int(data.default_batch_size)
+        raise ValueError("message config lacks 'batch-size' and the client's data has no DataLoader batch size")
+
+    def local_round(self, w: NDArray[Any], cfg: MessageConfig, st: dict[str, Any]) -> LocalResult:
+        """I steps of Eq. (180) from w^t with the message's eta_t, beta, I and B; the persistent momentum and data
+        cursor come from the state (``st`` gets the pass-order seed of a device without a seed)."""
+        lr = cfg.number("lr", lo=0.0, lo_open=True)
+        beta = cfg.number("momentum", lo=0.0, hi=1.0, hi_open=True)
+        steps = cfg.integer("local-steps", lo=1)
+        b = self.batch_size(cfg)
+        data: ArrayData | TorchData = self.require_data()
+        momentum = self._load("m", np.float32)
+        if momentum is not None and momentum.shape != (self.model.num_trainable,):
+            raise ValueError(f"stored momentum has {momentum.size} entries, the model {self.model.num_trainable}")
+        order = self.seed if self.seed is not None else int(st.setdefault("order-seed", secrets.randbits(62)))
+        n, cid = len(data), self.client_id
+
+        def permutation(epoch: int) -> NDArray[np.int64]:
+            return rng_for(order, STREAM_CLIENT, cid, STREAM_ORDER, epoch).permutation(n).astype(np.int64)
+
+        return local_momentum_sgd(self.model, np.asarray(w, dtype=np.float64), momentum, data, lr=lr, beta=beta,
+                                  steps=steps, batch_size=b, cursor=int(st.get("cursor", 0)), permutation=permutation)
+
+    def _flat_model(self, parameters: list[NDArray[Any]]) -> FloatArray:
+        """w from the arrays of a message, in this model's state-dict layout (float32 values, as the device holds
+        them); the integer entries of the layout are not part of w."""
+        layout = self.model.layout
+        if len(parameters) != len(layout.entries):
+            raise ValueError(f"the message holds {len(parameters)} arrays, this model's state dict "
+                             f"{len(layout.entries)}: start the strategy with initial_arrays=ArrayRecord(net.state_dict())")
+        parts = []
+        for e, a in zip(layout.entries, parameters, strict=True):
+            if tuple(np.shape(a)) != e.shape:
+                raise ValueError(f"array for {e.name!r} has shape {tuple(np.shape(a))}, expected {e.shape}")
+            if e.in_vector:
+                parts.append(np.asarray(a, dtype=np.float32).reshape(-1))
+        return np.concatenate(parts).astype(np.float64)
+
+    def evaluate(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
+        """Loss and accuracy on this client's data of a model sent as one flat vector or as the state dict's arrays
+        (Flower's federated evaluation)."""
+        if len(parameters) == 1 and np.asarray(parameters[0]).size == self.model.dim:
+            return super().evaluate(parameters, config)
+        return super().evaluate([self._flat_model(parameters)], config)
+
+
+class MomentumSGDClient(LocalMomentumClient):
+    """FedREP's local algorithm for one plain ``train`` message: Flower's own strategies can drive it.
+
+    The message carries the global model w^t (the user's arrays, as Flower's built-in strategies send it) and a
+    config with "server-round", "lr", "momentum", "local-steps" and optionally "batch-size". The client runs I steps
+    of Eq. (180) from w^t with its persistent momentum and data cursor and replies with its model w_k^{t+1} in the
+    arrays it was sent (names, shapes, dtypes; integer entries echoed), "num-examples" = |D_k| and its
+    "partition-id" (which a simulation's oracle needs to find the Byzantine replies). No error memory: the whole
+    dense model goes up every round. Keys ``flwr-krum``, ``flwr-fedmedian``, ``flwr-fedtrimmedavg``.
+
+    Parameters are those of :class:`LocalMomentumClient`; a ``ClientAttack(values="bit-flip")`` client (simulation
+    only) replies w^t + (w^t - w_k^{t+1}), its update flipped.
+    """
+
+    def fit(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> Fit:
+        """One local round on the dense global model; the reply is the trained model (or its flipped update)."""
+        cfg = MessageConfig(config)
+        cfg.integer(ROUND_KEY, lo=1)
+        w = self._flat_model(parameters)
+        st = self._state()
+        res = self.local_round(w, cfg, st)
+        model = res.w
+        if self.attack is not None and self.attack.values != "none":
+            model = w - self.attack.corrupt_values(w - res.w)  # w^t - (-(w^t - w_k)) = w^t + (w^t - w_k)
+        st["cursor"] = res.cursor
+        self._save("m", res.momentum)
+        self._save_state(st)
+        return self._arrays_like(model, parameters), self.num_examples, {"train_loss": res.loss,
+                                                                          "partition-id": self.client_id}
+
+    def _arrays_like(self, x: FloatArray, parameters: list[NDArray[Any]]) -> list[NDArray[Any]]:
+        """x in the arrays of the message (their dtypes and shapes); integer entries echoed as received."""
+        out: list[NDArray[Any]] = []
+        for e, a in zip(self.model.layout.entries, parameters, strict=True):
+            arr = np.asarray(a)
+            if e.in_vector:
+                assert e.offset is not None
+                out.append(x[e.offset:e.offset + e.size].astype(arr.dtype).reshape(arr.shape))
+            else:
+                out.append(arr)
+        return out
+
+    def handle(self, message_type: str, content: RecordDict) -> RecordDict:
+        """As :meth:`FedClient.handle`; a train reply keeps the names of the arrays it was sent (a user's
+        ``load_state_dict`` needs them)."""
+        reply = super().handle(message_type, content)
+        if message_type == "train" and len(content.array_records) >= 1:
+            key = "arrays" if "arrays" in content.array_records else next(iter(content.array_records))
+            names = list(content.array_records[key].keys())
+            sent = reply.array_records[key]
+            reply[key] = ArrayRecord(dict(zip(names, sent.values(), strict=True)))
+        return reply
+
+
+class FedREPClient(LocalMomentumClient):
+    """A FedREP client (Alg. 2): phase 1 ``propose`` (``query.propose``), phase 2 ``fit`` (``train``).
+
+    It answers every strategy of strategies/fedrep.py: :class:`strategies.fedrep.FedREP`, ``SHARE`` (k = d),
+    ``DenseFedAvg`` and ``SparseSecAgg`` (whose phase 2 uploads through pairwise location masks, no error memory).
+    Register both actions with ``FedREPClient.client_app(client_fn)`` (or ``register(app, client_fn,
+    FedREPClient.actions)`` in an existing ClientApp).
+
+    Parameters are those of :class:`LocalMomentumClient`. The model the device holds when the client is built is
+    its w^0 for a strategy built with ``clients_hold_initial=True`` (checked against the server's by CRC; a client
+    out of sync is sent the dense model).
+
+    Examples
+    --------
+    >>> def client_fn(context: Context) -> FedREPClient:
+    ...     return FedREPClient(Net(), load_my_partition(context.node_config), loss_fn=nn.CrossEntropyLoss())
+    >>> app = FedREPClient.client_app(client_fn)
+    """
+
+    actions = ("query.propose",)
+
+    def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Any = None, seed: int | None = None,
+                 attack: ClientAttack | None = None) -> None:
+        super().__init__(model, data, loss_fn, context=context, seed=seed, attack=attack)
+        self._w0 = self.model.get_flat().astype(np.float32)  # w^0 if the server says the clients hold it
 
     def _pending(self, server_round: int) -> tuple[dict[str, Any], FloatArray]:
         """The state record and the update g saved by this round's phase 1 (an error if there is none)."""
         st = self._state()
         g = self._load("g", np.float64)
         if g is None or int(st.get("pending-round", -1)) != server_round:
-            raise ValueError(f"client {self.partition_id}: no pending update for round {server_round} (phase 1 missing)")
+            raise ValueError(f"no pending update for round {server_round} (phase 1 missing)")
         return st, g
 
-    def _permutation(self, epoch: int) -> NDArray[np.int64]:
-        rng = rng_for(self.cfg.seed, STREAM_CLIENT, self.partition_id, STREAM_ORDER, epoch)
-        return rng.permutation(len(self.data)).astype(np.int64)
-
     # ---------------------------------------------------------------- phase 1
-    def current_model(self, parameters: list[Any], config: dict[str, Any]) -> NDArray[np.float32]:
-        """w^t: the dense model if the server sent one, else the local copy plus the last sparse aggregate."""
-        if config.get("dense-model", True):
+    def current_model(self, parameters: list[NDArray[Any]], cfg: MessageConfig) -> NDArray[np.float32]:
+        """w^t: the dense model if the server sent one, else the local copy plus the last sparse aggregate, proved
+        equal to the server's by its CRC."""
+        d = self.model.dim
+        if cfg.flag("dense-model", True):
+            if len(parameters) != 1 or np.asarray(parameters[0]).size != d:
+                raise ValueError(f"the dense downlink must be one array of the model's {d} parameters")
             return np.asarray(parameters[0], dtype=np.float32).reshape(-1)
         w = self._load("w", np.float32)
         if w is None:
-            w = initial_weights(self.cfg, self.net)
+            w = self._w0
         if len(parameters) == 2 and len(parameters[1]):
             values = np.asarray(parameters[1], dtype=np.float32).astype(np.float64)
-            # empty indices with d values: an update on every coordinate (k = d)
-            idx = np.asarray(parameters[0], dtype=np.int64) if len(parameters[0]) else np.arange(self.net.dim)
+            # empty indices with values: an update on every coordinate (k = d)
+            idx = np.asarray(parameters[0], dtype=np.int64) if len(parameters[0]) else np.arange(d)
             if idx.shape != values.shape:
                 raise ValueError(f"sparse downlink has {len(idx)} indices but {len(values)} values")
+            if idx.size and (idx.min() < 0 or idx.max() >= d):
+                raise ValueError(f"sparse downlink has an index outside [0, {d})")
             w = server_step(w, idx, values)
-        if model_crc(w) != int(config["model-crc"]):
-            raise ValueError(f"client {self.partition_id}: local model out of sync with the server at round "
-                             f"{config['server-round']} (CRC mismatch); it needs a dense model")
+        if model_crc(w) != cfg.integer("model-crc"):
+            raise ValueError(f"local model out of sync with the server at round {cfg.integer(ROUND_KEY)} (CRC "
+                             "mismatch): it needs the dense model")
         return w
 
-    def propose(self, parameters: list[Any], config: dict[str, Any]) -> tuple[list[NDArray[Any]], dict[str, Any]]:
+    def propose(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> tuple[list[NDArray[Any]], dict[str, Any]]:
         """Phase 1 (C1-C4 of spec 3.4): train, error-compensate, propose coordinates, new key pair."""
-        cfg, t = self.cfg, int(config["server-round"])
-        w = self.current_model(parameters, config)
+        cfg = MessageConfig(config)
+        t = cfg.integer(ROUND_KEY, lo=1)
+        self.check_model(cfg)
+        d = self.model.dim
+        k = cfg.integer("k", lo=1, hi=d)
+        alpha = cfg.number("alpha", 0.0, lo=0.0, hi=1.0)
+        error_feedback = cfg.flag("error-feedback", True)
+        masked = cfg.flag("masked")
+        w = self.current_model(parameters, cfg)
         st = self._state()
         u = self._load("u", np.float64)
-        u = np.zeros(self.net.dim) if u is None or not self.error_feedback else u
+        u = np.zeros(d) if u is None or not error_feedback else u
         stale = self._load("g", np.float64)
-        if stale is not None and self.error_feedback:  # never asked to submit last time: nothing of g was sent
+        if stale is not None and error_feedback:  # never asked to submit last time: nothing of g was sent
             u = stale
-        res = local_momentum_sgd(
-            self.net, w.astype(np.float64), self._load("m", np.float32), self.data.x, self.data.y,
-            lr=float(config["lr"]), beta=cfg.momentum, steps=cfg.local_steps, batch_size=cfg.batch_size,
-            cursor=int(st.get("cursor", 0)), permutation=self._permutation,
-        )
+        res = self.local_round(w, cfg, st)
         g = u + (w.astype(np.float64) - res.w)  # Alg. 2: g_k^t = u_k^t + (w^t - w_k^{t+1})
-        k = int(config["k"])
         rng = self.rng(t, STREAM_PROPOSE)
-        if k >= self.net.dim:
+        if k >= d:
             proposal = np.zeros(0, dtype=np.int64)  # SHARE (k = d): every coordinate, nothing to send
         else:
-            proposal = conspar.propose(g, k, cfg.conspar_alpha, rng)
-            if self.byzantine and cfg.coord_attack == "min":  # Appendix C.2, non-omniscient attacks
-                proposal = attacks.min_attack(g, k)
-            elif self.byzantine and cfg.coord_attack == "rand":
-                proposal = attacks.random_attack(self.net.dim, k, self.rng(t, STREAM_ATTACK))
+            proposal = conspar.propose(g, k, alpha, rng)
+            if self.attack is not None:  # simulation only (App. C.2, non-omniscient attacks)
+                proposal = self.attack.corrupt_proposal(proposal, g, k, self.rng(t, STREAM_ATTACK))
         arrays: list[NDArray[Any]] = [proposal.astype(np.uint32)]
-        if config.get("masked", False):
+        if masked:
             from fedapp import secagg
 
             sk, pk = secagg.new_keypair()
@@ -179,30 +341,35 @@ class FedREPClient(FedClient):
         self._save("u", u)
         self._save("g", g)
         self._save("m", res.momentum)
-        if cfg.sparse_downlink:  # the next round's downlink is only (I^t, G~^t): keep w^t
+        if cfg.flag("sparse-downlink", False):  # the next round's downlink is only (I^t, G~^t): keep w^t
             self._save("w", w)
         self._save_state(st)
         return arrays, {"train_loss": res.loss}
 
     # ---------------------------------------------------------------- phase 2
-    def fit(self, parameters: list[Any], config: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:
+    def fit(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> Fit:
         """Phase 2 (C5-C6): upload g[I^t] (masked inside the buffer), keep u = g with I^t zeroed."""
-        cfg, t = self.cfg, int(config["server-round"])
+        cfg = MessageConfig(config)
+        t = cfg.integer(ROUND_KEY, lo=1)
         st, g = self._pending(t)
-        idx = np.asarray(parameters[0], dtype=np.int64) if len(parameters[0]) else np.arange(self.net.dim)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.net.dim or np.any(np.diff(idx) <= 0)):
+        if cfg.choice("upload", ("conspar", "sparse-secagg"), "conspar") == "sparse-secagg":
+            return self._sparse_secagg_upload(g, t, cfg, st)
+        d = len(g)
+        if len(parameters) != 1:
+            raise ValueError(f"phase 2 carries one array (the consensus set), got {len(parameters)}")
+        idx = np.asarray(parameters[0], dtype=np.int64) if len(parameters[0]) else np.arange(d)
+        if idx.size and (idx.min() < 0 or idx.max() >= d or np.any(np.diff(idx) <= 0)):
             raise ValueError("consensus set must be ascending unique indices in [0, d)")
         payload, u_next = conspar.compress(g, idx)
-        if self.byzantine and cfg.attack == "bit-flip":
-            payload = attacks.bit_flip(payload)
-        if config.get("masked", False):
+        if self.attack is not None:  # simulation only (bit-flip)
+            payload = self.attack.corrupt_values(payload)
+        upload: NDArray[Any]
+        if cfg.flag("masked", False):
             from fedapp import secagg
 
-            peers = dict(zip((int(p) for p in config["peer-ids"]), (bytes(b) for b in config["peer-keys"]), strict=True))
-            label = secagg.mask_label(cfg.seed, t, int(config["buffer-id"]))
-            upload: NDArray[Any] = secagg.masked_upload(
-                payload, self.partition_id, st.pop("sk"), peers, label, self.rng(t, STREAM_QUANT)
-            )
+            label = secagg.mask_label(cfg.integer("mask-session"), t, cfg.integer("buffer-id"))
+            upload = secagg.masked_upload(payload, cfg.integer("client-id"), self._secret_key(st), self._peers(cfg),
+                                          label, self.rng(t, STREAM_QUANT))
         else:
             upload = payload.astype(np.float32)
         self._save("u", u_next)
@@ -211,72 +378,34 @@ class FedREPClient(FedClient):
         self._save_state(st)
         return [upload], 1, {}
 
-    def evaluate(self, parameters: list[Any], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-        """Loss and accuracy of a dense model on this client's partition."""
-        w: FloatArray = np.asarray(parameters[0], dtype=np.float64).ravel()
-        acc, loss = self.net.evaluate(w, self.data.x, self.data.y)
-        return loss, len(self.data), {"accuracy": acc}
-
-
-class FlowerDenseClient(FedREPClient):
-    """FedREP's local algorithm answering Flower's plain ``train`` message (keys ``flwr-krum``, ``flwr-fedmedian``,
-    ``flwr-fedtrimmedavg``; strategies/flower_robust.py).
-
-    The message carries the global model w^t (one ArrayRecord, as Flower's built-in strategies send it) and a config
-    with "server-round" and, from our server, "lr". The client runs I = local-steps steps of Eq. (180) from w^t with
-    the same persistent momentum, data cursor and RNG streams as :class:`FedREPClient` (so an honest client of this
-    class trains exactly like one of ``fedrep-fedavg``) and replies with its model w_k^{t+1} (float32, same layout),
-    "num-examples" = |D_k| and its "partition-id" (which the simulation-only oracle needs to find the Byzantine
-    replies). No error memory: the whole dense model goes up every round.
-
-    A Byzantine client with ``attack = bit-flip`` replies w^t + (w^t - w_k^{t+1}), i.e. its update flipped.
-    """
-
-    def fit(self, parameters: list[Any], config: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:
-        """One local round on the dense global model; the reply is the trained model (or its flipped update)."""
-        from fedapp.algorithms.fedrep import learning_rate
-
-        cfg, t = self.cfg, int(config["server-round"])
-        lr = float(config["lr"]) if "lr" in config else learning_rate(cfg.lr, t, cfg.lr_decay_round)
-        if len(parameters) != 1 or np.asarray(parameters[0]).size != self.net.dim:
-            raise ValueError(f"client {self.partition_id}: expected one array of {self.net.dim} model parameters")
-        shape = np.asarray(parameters[0]).shape
-        w = np.asarray(parameters[0], dtype=np.float32).reshape(-1).astype(np.float64)
-        st = self._state()
-        res = local_momentum_sgd(
-            self.net, w, self._load("m", np.float32), self.data.x, self.data.y,
-            lr=lr, beta=cfg.momentum, steps=cfg.local_steps, batch_size=cfg.batch_size,
-            cursor=int(st.get("cursor", 0)), permutation=self._permutation,
-        )
-        model = res.w
-        if self.byzantine and cfg.attack == "bit-flip":
-            model = w - attacks.bit_flip(w - res.w)  # w^t - (-(w^t - w_k)) = w^t + (w^t - w_k)
-        st["cursor"] = res.cursor
-        self._save("m", res.momentum)
-        self._save_state(st)
-        upload = model.astype(np.float32).reshape(shape)
-        return [upload], len(self.data), {"train_loss": res.loss, "partition-id": self.partition_id}
-
-
-class SparseSecAggClient(FedREPClient):
-    """SparseSecAgg client (:mod:`fedapp.sparse_secagg`): phase 1 trains and sends a fresh public key, phase 2 uploads
-    its update on the union of its pairwise location masks, masked; no error compensation."""
-
-    error_feedback = False
-
-    def fit(self, parameters: list[Any], config: dict[str, Any]) -> tuple[list[NDArray[Any]], int, dict[str, Any]]:
-        """Phase 2: (U_i, y_i) of the update g = w^t - w_k^{t+1}."""
+    def _sparse_secagg_upload(self, g: FloatArray, t: int, cfg: MessageConfig, st: dict[str, Any]) -> Fit:
+        """SparseSecAgg's phase 2 (:mod:`fedapp.sparse_secagg`): (U_i, y_i) of the update g = w^t - w_k^{t+1}."""
         from fedapp import secagg
         from fedapp.sparse_secagg import sparse_masked_upload
 
-        cfg, t = self.cfg, int(config["server-round"])
-        st, g = self._pending(t)
-        if self.byzantine and cfg.attack == "bit-flip":
-            g = attacks.bit_flip(g)
-        peers = dict(zip((int(p) for p in config["peer-ids"]), (bytes(b) for b in config["peer-keys"]), strict=True))
-        idx, vals = sparse_masked_upload(g, self.partition_id, st.pop("sk"), peers, secagg.mask_label(cfg.seed, t, 0),
-                                         float(config["p"]), self.rng(t, STREAM_QUANT))
+        if self.attack is not None:  # simulation only (bit-flip)
+            g = self.attack.corrupt_values(g)
+        label = secagg.mask_label(cfg.integer("mask-session"), t, cfg.integer("buffer-id"))
+        idx, vals = sparse_masked_upload(g, cfg.integer("client-id"), self._secret_key(st), self._peers(cfg), label,
+                                         cfg.number("p", lo=0.0, hi=1.0, lo_open=True), self.rng(t, STREAM_QUANT))
         self._save("g", None)
         st.pop("pending-round", None)
         self._save_state(st)
         return [idx, vals], 1, {}
+
+    @staticmethod
+    def _secret_key(st: dict[str, Any]) -> bytes:
+        sk = st.pop("sk", None)
+        if not isinstance(sk, bytes):
+            raise ValueError("a masked upload needs this round's key pair, drawn in a masked phase 1")
+        return sk
+
+    @staticmethod
+    def _peers(cfg: MessageConfig) -> Mapping[int, bytes]:
+        """The buffer-mates' public keys by client id (an untrusted list pair: checked)."""
+        ids, keys = cfg.config.get("peer-ids"), cfg.config.get("peer-keys")
+        if not isinstance(ids, list) or not isinstance(keys, list) or len(ids) != len(keys) or not ids:
+            raise ValueError("message config 'peer-ids' / 'peer-keys' must be two non-empty lists of one length")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or not all(isinstance(b, bytes) for b in keys):
+            raise ValueError("message config 'peer-ids' must hold integers and 'peer-keys' bytes")
+        return dict(zip(ids, keys, strict=True))

@@ -1,8 +1,14 @@
 """SIMULATION ONLY: Byzantine attacks on what a client submits, for experiments on robustness.
 
-Honest code never imports this module. The only legitimate importer is the simulation's adversary oracle (spec
-fedrep.md 10.4), which sees every client's plain submission (``secagg_mode = plain``) and replaces the Byzantine
-ones before buffer averaging; with real masking the server cannot do that, by design.
+Honest code never imports this module, and no honest code path calls it. A simulation builds its Byzantine
+participants from two explicit objects defined here, which the public classes accept as *simulation-only*
+arguments and otherwise never touch:
+
+* :class:`ClientAttack`, given to the clients the simulation chose as Byzantine (:func:`byzantine_ids` of the run
+  seed): what such a client corrupts in what it sends (bit-flipping its values, the min / rand coordinate attacks);
+* :class:`OmniscientOracle`, given to the server strategy: the adversary oracle of spec fedrep.md 10.4, which sees
+  every client's plain submission and replaces the Byzantine ones (ALIE, FoE, "same") before aggregation. Only a
+  strategy whose uploads are in the clear can run it; with real masking the server cannot, by design.
 
 Yang, Wang, Li, "FedREP" (seed 003), Sec. 5 and App. C.2; spec sections 6 and 11.8-11.10:
 
@@ -21,6 +27,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +36,8 @@ from numpy.typing import NDArray
 __all__ = [
     "COORDINATE_ATTACKS",
     "VALUE_ATTACKS",
+    "ClientAttack",
+    "OmniscientOracle",
     "alie",
     "alie_z",
     "apply_coordinate_attack",
@@ -372,3 +381,108 @@ def byzantine_ids(m: int, f: int, seed: int) -> list[int]:
         raise ValueError(f"need 0 <= f <= m, got m={m}, f={f}")
     rng = np.random.default_rng([seed, _STREAM_BYZANTINE])
     return sorted(int(i) for i in rng.choice(m, size=f, replace=False))
+
+
+
+# ------------------------------------------------------------------------------ what a simulation hands out
+
+
+@dataclass(frozen=True)
+class ClientAttack:
+    """SIMULATION ONLY: how a Byzantine client corrupts what it transmits (spec 6, 11.10).
+
+    The client otherwise runs the honest pipeline (training, error memory, momentum, its honest proposal); only
+    the values it uploads and the coordinates it proposes are replaced. Both attacks here are non-omniscient: the
+    client needs nothing but its own update.
+
+    Parameters
+    ----------
+    values
+        "none" (default) or "bit-flip": upload ``-x`` instead of its own vector ``x`` (:func:`bit_flip`).
+    coordinates
+        "none" (default), "min" (the k smallest ``|g_j|`` of its own update, :func:`min_attack`) or "rand" (k
+        uniform coordinates, :func:`random_attack`): the proposal attacks of App. C.2.
+    """
+
+    values: str = "none"
+    coordinates: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.values not in ("none", "bit-flip"):
+            raise ValueError(f"values must be 'none' or 'bit-flip' (ALIE / FoE need every client's vector: "
+                             f"OmniscientOracle), got {self.values!r}")
+        if self.coordinates not in ("none", "min", "rand"):
+            raise ValueError(f"coordinates must be 'none', 'min' or 'rand' ('same' needs the honest proposals: "
+                             f"OmniscientOracle), got {self.coordinates!r}")
+
+    def corrupt_values(self, x: NDArray[Any]) -> NDArray[Any]:
+        """What the client uploads instead of its honest vector ``x``."""
+        return bit_flip(x) if self.values == "bit-flip" else x
+
+    def corrupt_proposal(self, proposal: NDArray[np.int64], g: NDArray[Any], k: int,
+                         rng: np.random.Generator) -> NDArray[np.int64]:
+        """What the client proposes instead of its honest ``proposal`` (its update ``g``, budget ``k``)."""
+        if self.coordinates == "min":
+            return min_attack(g, k)
+        if self.coordinates == "rand":
+            return random_attack(len(g), k, rng)
+        return proposal
+
+
+@dataclass(frozen=True)
+class OmniscientOracle:
+    """SIMULATION ONLY: the server-side adversary of spec 10.4, replacing the Byzantine clients' submissions.
+
+    It sees every client's submission in the clear, so a strategy accepts it only when nothing is masked; the
+    Byzantine clients submit their honest vectors and proposals, and the oracle replaces them before aggregation.
+
+    Parameters
+    ----------
+    byzantine
+        Client ids of the Byzantine clients (e.g. :func:`byzantine_ids` of the run seed).
+    values
+        "none" (default), "alie" (``mu - z sigma`` of the honest vectors, :func:`alie`) or "foe"
+        (``-eps mean(honest)``, :func:`foe`).
+    coordinates
+        "none" (default) or "same": each Byzantine client proposes a copy of a random honest client's proposal
+        (App. C.2, :func:`same_attack`).
+    z
+        ALIE's multiplier; None (default) means :func:`alie_z` of the submissions present (epfml formula).
+    eps
+        FoE's magnitude (default 0.5, the paper's setting).
+    """
+
+    byzantine: frozenset[int] = field(default_factory=frozenset)
+    values: str = "none"
+    coordinates: str = "none"
+    z: float | None = None
+    eps: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "byzantine", frozenset(int(b) for b in self.byzantine))
+        if self.values not in ("none", "alie", "foe"):
+            raise ValueError(f"values must be 'none', 'alie' or 'foe' (bit-flip is the client's own: ClientAttack), "
+                             f"got {self.values!r}")
+        if self.coordinates not in ("none", "same"):
+            raise ValueError(f"coordinates must be 'none' or 'same' (min / rand are the client's own: "
+                             f"ClientAttack), got {self.coordinates!r}")
+        if not math.isfinite(self.eps):
+            raise ValueError(f"eps must be finite, got {self.eps!r}")
+        if self.z is not None and not math.isfinite(self.z):
+            raise ValueError(f"z must be finite or None, got {self.z!r}")
+
+    def forge_values(self, vectors: Mapping[int, NDArray[Any]]) -> dict[int, NDArray[np.float64]]:
+        """The submissions after the Byzantine ones were replaced (:func:`apply_value_attack`)."""
+        return apply_value_attack(self.values, vectors, self.byzantine & set(vectors), eps=self.eps, z=self.z)
+
+    def forge_proposals(self, proposals: Mapping[int, NDArray[Any]],
+                        rng: np.random.Generator) -> dict[int, NDArray[Any]]:
+        """The phase-1 proposals after each Byzantine client copied a random honest one ("same"; honest proposals
+        in ascending client id, Byzantine clients served in ascending id)."""
+        out = dict(proposals)
+        if self.coordinates != "same":
+            return out
+        honest = [out[c] for c in sorted(out) if c not in self.byzantine]
+        for cid in sorted(self.byzantine & set(out)):
+            out[cid] = same_attack(honest, rng)
+        return out

@@ -1,13 +1,11 @@
-"""ClientApp: route each Flower Message to the configured algorithm's NumPyClient.
+"""ClientApp of the reproduction app: the run config picks the algorithm, the public client answers.
 
-    train            -> client.fit(parameters, config)
-    evaluate         -> client.evaluate(parameters, config)
-    query.whoami     -> client.get_properties(config)   (the server learns node id -> partition id)
-    query.<phase>    -> client.<phase>(parameters, config) -> (arrays, metrics)   (extra phases, e.g. FedREP's propose)
-
-`handle` is the whole client side of one message; the in-process driver calls it with the same RecordDicts.
-An exception in `handle` becomes an error reply whose reason is ``"<Type>: <message>"`` (see `answer`), which the
-server quotes when it stops a run (fedapp/strategy_base.py, RoundFailed).
+The node's client is built once per (run, node, run config) and process by the algorithm's client builder
+(:mod:`fedapp.apps`: the run's model zoo entry, the node's partition, the run seed as the device seed) and then
+answers every message itself (:meth:`clients.base.FedClient.handle`: train, evaluate, query.whoami and the
+algorithm's query phases such as FedREP's propose). `handle` is the whole client side of one message; the
+in-process driver calls it with the same RecordDicts. An exception becomes an error reply whose reason is
+``"<Type>: <message>"`` (see `answer`), which the server quotes when it stops a run (strategies.base.RoundFailed).
 """
 
 from __future__ import annotations
@@ -17,14 +15,13 @@ from functools import lru_cache
 from logging import ERROR
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from fedapp.config import RunConfig, debug_enabled, parse_run_config
 from fedapp.registry import ALGORITHMS
-from fedapp.wire import reply_content
 
 app = ClientApp()
 
@@ -34,51 +31,27 @@ def _parse(items: tuple[tuple[str, object], ...]) -> RunConfig:
     return parse_run_config(dict(items))
 
 
-#: clients of the public layer, one per (run, node, run config) and process: data and model load once
+#: one client per (run, node, run config) and process: data and model load once, not once per message
 _CLIENTS: dict[tuple[int, int, tuple[tuple[str, object], ...]], Any] = {}
 
 
 def make_client(context: Context) -> Any:
-    """The algorithm's NumPyClient for this node, built from the run config and the node's context."""
+    """The algorithm's client for this node (built once, then re-bound to each message's Context)."""
     items = tuple(sorted(context.run_config.items()))
     cfg = _parse(items)
-    spec = ALGORITHMS[cfg.algorithm]
-    if not spec.public:
-        return spec.make_client(cfg, context)
     key = (int(context.run_id), int(context.node_id), items)
     client = _CLIENTS.get(key)
     if client is None:
         if len(_CLIENTS) >= 256:
             _CLIENTS.clear()
-        client = _CLIENTS[key] = spec.make_client(cfg, context)
+        client = _CLIENTS[key] = ALGORITHMS[cfg.algorithm].make_client(cfg, context)
     client.bind(context)
     return client
 
 
 def handle(message_type: str, content: RecordDict, context: Context) -> RecordDict:
-    """Answer one message's content; exceptions become Flower error replies (the server logs them)."""
-    if message_type == "query.whoami":  # answered from node_config alone: no need to load data
-        nc = context.node_config
-        info: dict[str, Any] = {"partition-id": int(nc["partition-id"]), "num-partitions": int(nc["num-partitions"])}
-        return RecordDict({"info": ConfigRecord(info)})
-    client = make_client(context)
-    if hasattr(client, "handle"):  # a client of the public layer answers the whole message itself
-        return client.handle(message_type, content)  # type: ignore[no-any-return]
-    config: dict[str, Any] = dict(content.config_records["config"]) if "config" in content.config_records else {}
-    params = content.array_records["arrays"].to_numpy_ndarrays()
-    if message_type == "train":
-        arrays, n, metrics = client.fit(params, config)
-        return reply_content(arrays, n, metrics)
-    if message_type == "evaluate":
-        loss, n, eval_metrics = client.evaluate(params, config)
-        return RecordDict({"metrics": MetricRecord({**eval_metrics, "loss": loss, "num-examples": n})})
-    if message_type.startswith("query."):  # an algorithm's extra phase, e.g. FedREP's query.propose
-        method = getattr(client, message_type.removeprefix("query."), None)
-        if not callable(method):
-            raise ValueError(f"algorithm {cfg_name(client)!r} does not answer {message_type!r}")
-        arrays, metrics = method(params, config)
-        return reply_content(arrays, 0, metrics)
-    raise ValueError(f"unsupported message type {message_type!r}")
+    """Answer one message's content with the node's client."""
+    return make_client(context).handle(message_type, content)  # type: ignore[no-any-return]
 
 
 def answer(message_type: str, content: RecordDict, context: Context) -> RecordDict | str:
@@ -101,11 +74,6 @@ def _reply(message_type: str, msg: Message, context: Context) -> Message:
     if isinstance(out, str):
         return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=out), reply_to=msg)
     return Message(out, reply_to=msg)
-
-
-def cfg_name(client: Any) -> str:
-    """The algorithm key a client was built for (for error messages)."""
-    return str(client.cfg.algorithm)
 
 
 @app.train()

@@ -1,7 +1,8 @@
-"""Algorithm key -> (Strategy class, NumPyClient class, the run-config keys it reads).
+"""Algorithm key -> (strategy builder, client builder, the run-config keys it reads).
 
 `parse_run_config` rejects unknown algorithm keys against this table; the ServerApp, the ClientApp and the
-in-process driver all build their objects from it, so adding an algorithm is one entry here.
+in-process driver all build their objects from it, so adding an algorithm is one entry here. The builders live in
+:mod:`fedapp.apps` and call the public constructors (``strategies.*`` / ``clients.*``) a Flower user calls.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedapp.client_base import FedClient
+    from clients.base import FedClient
     from fedapp.config import RunConfig
-    from fedapp.strategy_base import FederatedStrategy
+    from strategies.base import FederatedStrategy
 
 # keys every algorithm reads
 COMMON_KEYS = (
@@ -36,10 +37,8 @@ OUTP_KEYS = (*IADMM_KEYS, "outp-delta", "outp-noise-std", "outp-order", "outp-gr
 class AlgorithmSpec:
     """How to build one algorithm: dotted paths (imported lazily) and the run-config keys it reads.
 
-    When ``public`` (the algorithms already on the keyword-constructed public layer) ``strategy`` is a builder
-    ``(cfg) -> strategy`` and ``client`` a builder ``(cfg, context) -> client`` of :mod:`fedapp.apps`, and
-    ``initial`` builds the initial ArrayRecord; otherwise they are the classes ``(cfg, evaluator)`` /
-    ``(context, cfg)`` of the older layer.
+    ``strategy`` is a builder ``(cfg) -> strategy`` and ``client`` a builder ``(cfg, context) -> client`` of
+    :mod:`fedapp.apps`; ``initial`` builds the initial ArrayRecord and ``evaluate`` Flower's ``evaluate_fn``.
     """
 
     strategy: str
@@ -55,38 +54,21 @@ class AlgorithmSpec:
     #: dotted path of the builder ``(cfg) -> evaluate_fn`` of a public algorithm (Flower's evaluate_fn signature)
     evaluate: str = "fedapp.apps.common:evaluate_fn"
 
-    @property
-    def public(self) -> bool:
-        """True once the algorithm is built through :mod:`fedapp.apps` (the public constructors)."""
-        return self.strategy.startswith("fedapp.apps.")
-
     def validate(self, cfg: RunConfig) -> None:
         """Apply the algorithm's own run-config rules (raise ConfigError naming the key)."""
         if self.checks:
             _load(self.checks)(cfg)
 
-    def strategy_cls(self) -> type[FederatedStrategy]:
-        return _load(self.strategy)  # type: ignore[no-any-return]
-
-    def client_cls(self) -> type[FedClient]:
-        return _load(self.client)  # type: ignore[no-any-return]
-
-    def make_strategy(self, cfg: RunConfig, *, evaluate: bool = True) -> Any:
+    def make_strategy(self, cfg: RunConfig, *, evaluate: bool = True) -> FederatedStrategy:
         """The run's strategy, holding its initial model and (with ``evaluate``) the central evaluation."""
-        if not self.public:
-            from fedapp.task import Evaluator
-
-            return _load(self.strategy)(cfg, Evaluator(cfg) if evaluate else None)
         strategy = _load(self.strategy)(cfg)
         strategy.initialize(_load(self.initial)(cfg))
         strategy.prepare(cfg.num_server_rounds, evaluate_fn=_load(self.evaluate)(cfg) if evaluate else None)
-        return strategy
+        return strategy  # type: ignore[no-any-return]
 
-    def make_client(self, cfg: RunConfig, context: Any) -> Any:
+    def make_client(self, cfg: RunConfig, context: Any) -> FedClient:
         """This node's client for the run."""
-        if self.public:
-            return _load(self.client)(cfg, context)
-        return _load(self.client)(context, cfg)
+        return _load(self.client)(cfg, context)  # type: ignore[no-any-return]
 
     def used_config(self, cfg: RunConfig) -> dict[str, Any]:
         """The hyperparameters this algorithm actually reads (echoed under "config" in results.json)."""
@@ -110,7 +92,7 @@ FEDREP_KEYS = (
 SPARSESECAGG_PAPER = "Ergun, Sami, Guler, Sparsified Secure Aggregation for Privacy-Preserving Federated Learning, arXiv 2112.12872"
 SEED003 = "Yang, Wang, Li, FedREP: A Byzantine-Robust, Communication-Efficient and Privacy-Preserving Framework, arXiv 2303.05206"
 SHARE_PAPER = "Velicheti, Xia, Koyejo, Secure Byzantine-Robust Distributed Learning via Clustering, arXiv 2110.02940"
-FEDREP_CHECKS = "fedapp.algorithms.fedrep:validate_config"
+FEDREP_CHECKS = "fedapp.apps.fedrep:validate_config"
 RECAL_KEYS = (
     "graph", "walk", "walk-start", "recal-mode", "recal-epsilon", "recal-sigma1", "recal-r", "recal-delta", "xi-plan",
     "stop-on-budget", "alpha-scale", "recal-nu1", "recal-nu2", "label-mode", "recal-samples", "x1-init", "noise-seed",
@@ -147,7 +129,9 @@ RW_ADMM_PAPER = "Shah & Avrachenkov, asynchronous ADMM with Markov-chain node se
 # Flower's Krum / FedMedian / FedTrimmedAvg on the FedREP setup: the local algorithm and attack keys, no ConSpar,
 # buffers, masking or FedREP aggregator (tmean-fraction only for FedTrimmedAvg's beta)
 FLWR_ROBUST_KEYS = ("local-steps", "lr", "momentum", "lr-decay-round", "byzantine-clients", "attack", "alie-z", "foe-eps")
-FLWR_ROBUST_CHECKS = "fedapp.algorithms.fedrep:validate_flower_robust"
+FLWR_ROBUST_CHECKS = "fedapp.apps.fedrep:validate_flower_robust"
+#: w^0 of the FedREP family: the zoo network's state dict, torch's initialisation seeded with the run seed
+FEDREP_INITIAL = "fedapp.apps.fedrep:fedrep_initial"
 KRUM_PAPER = "Blanchard et al., Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent, NeurIPS 2017"
 YIN_PAPER = "Yin et al., Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates, ICML 2018"
 SEED000 = "Li et al., Privacy-preserving Federated Primal-dual Learning ..., arXiv 2310.19558"
@@ -227,24 +211,25 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Seed 003 (spec shared/specs/fedrep.md): all m clients every round, two exchanges per round.
     "fedrep": AlgorithmSpec(
-        "strategies.fedrep:FedREP", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", FEDREP_KEYS,
         "FedREP: ConSpar consensus sparsification + buffered pairwise-masked secure aggregation + robust aggregation",
-        SEED003, FEDREP_CHECKS, False,
+        SEED003, FEDREP_CHECKS, False, FEDREP_INITIAL,
     ),
     "share": AlgorithmSpec(
-        "strategies.fedrep:SHARE", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", FEDREP_KEYS,
         "SHARE: buffered secure + robust aggregation of dense updates (FedREP with k = d)", SHARE_PAPER,
-        FEDREP_CHECKS, False,
+        FEDREP_CHECKS, False, FEDREP_INITIAL,
     ),
     "fedrep-fedavg": AlgorithmSpec(
-        "strategies.fedrep:DenseFedAvg", "clients.fedrep:FedREPClient", FEDREP_KEYS,
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", FEDREP_KEYS,
         "FedAvg baseline of the FedREP experiments: mean of the dense updates in the clear (same local algorithm)",
-        FEDAVG_PAPER, FEDREP_CHECKS, False,
+        FEDAVG_PAPER, FEDREP_CHECKS, False, FEDREP_INITIAL,
     ),
     "sparse-secagg": AlgorithmSpec(
-        "strategies.fedrep:SparseSecAgg", "clients.fedrep:SparseSecAggClient", (*FEDREP_KEYS, "sparsesecagg-scale"),
+        "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", (*FEDREP_KEYS, "sparsesecagg-scale"),
         "SparseSecAgg baseline: pairwise Bernoulli location masks + additive masks, per-coordinate sums, no error "
         "compensation, no robust aggregation (Gamma = conspar-fraction)", SPARSESECAGG_PAPER, FEDREP_CHECKS, False,
+        FEDREP_INITIAL,
     ),
     # Seed 001 (spec shared/specs/dp_recal.md): the server only routes the baton along a random walk.
     "dp-recal": AlgorithmSpec(
@@ -285,19 +270,19 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     ),
     # Flower's own robust strategies on the FedREP setup (torch net, Eq. (180) clients), Flower engines only.
     "flwr-krum": AlgorithmSpec(
-        "strategies.flower_robust:FlwrKrum", "clients.fedrep:FlowerDenseClient", FLWR_ROBUST_KEYS,
+        "fedapp.apps.fedrep:flower_robust_strategy", "fedapp.apps.fedrep:flower_robust_client", FLWR_ROBUST_KEYS,
         "Flower's built-in Krum (num_malicious_nodes = byzantine-clients) over all clients' models, FedREP setup",
-        KRUM_PAPER, FLWR_ROBUST_CHECKS, False,
+        KRUM_PAPER, FLWR_ROBUST_CHECKS, False, FEDREP_INITIAL,
     ),
     "flwr-fedmedian": AlgorithmSpec(
-        "strategies.flower_robust:FlwrFedMedian", "clients.fedrep:FlowerDenseClient", FLWR_ROBUST_KEYS,
+        "fedapp.apps.fedrep:flower_robust_strategy", "fedapp.apps.fedrep:flower_robust_client", FLWR_ROBUST_KEYS,
         "Flower's built-in FedMedian (coordinate-wise median) over all clients' models, FedREP setup",
-        YIN_PAPER, FLWR_ROBUST_CHECKS, False,
+        YIN_PAPER, FLWR_ROBUST_CHECKS, False, FEDREP_INITIAL,
     ),
     "flwr-fedtrimmedavg": AlgorithmSpec(
-        "strategies.flower_robust:FlwrFedTrimmedAvg", "clients.fedrep:FlowerDenseClient",
+        "fedapp.apps.fedrep:flower_robust_strategy", "fedapp.apps.fedrep:flower_robust_client",
         (*FLWR_ROBUST_KEYS, "tmean-fraction"),
         "Flower's built-in FedTrimmedAvg (beta = tmean-fraction cut per side) over all clients' models, FedREP setup",
-        YIN_PAPER, FLWR_ROBUST_CHECKS, False,
+        YIN_PAPER, FLWR_ROBUST_CHECKS, False, FEDREP_INITIAL,
     ),
 }

@@ -7,20 +7,29 @@ consensus set I^t (spec fedrep.md 5). The paper fixes only: geoMed by Weiszfeld 
 al. 2021). Initialisations and the smoothing constant are our readings (spec 11.7). ``norm_trimmed_mean`` is the
 server rule of the RCGD-EF baseline (Ghosh et al. 2021, spec 7.1).
 
-Every function takes a 2-D array, one row per input vector, and computes in float64. Nothing here imports Flower.
+Every function takes a 2-D array, one row per input vector, and computes in float64. The same rules are also
+callables configured at construction (:class:`Mean`, :class:`GeometricMedian`, :class:`TrimmedMean`,
+:class:`CenteredClipping`; ``agg = GeometricMedian(iters=5); agg(vectors)``), the form a strategy takes as its
+``aggregator`` argument. Nothing here imports Flower.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
     "AGGREGATORS",
+    "Aggregator",
+    "CenteredClipping",
+    "GeometricMedian",
+    "Mean",
+    "TrimmedMean",
     "aggregate",
     "centered_clipping",
     "geometric_median",
@@ -271,3 +280,103 @@ def aggregate(name: str, b: NDArray[Any], **params: Any) -> NDArray[np.float64]:
     if name not in AGGREGATORS:
         raise ValueError(f"unknown aggregator {name!r}; valid: {', '.join(AGGREGATORS)}")
     return AGGREGATORS[name](b, **params)
+
+
+# ------------------------------------------------------------------------------ the rules as configured callables
+
+
+@runtime_checkable
+class Aggregator(Protocol):
+    """A robust aggregation rule: ``agg(vectors)`` maps an (n, d) array (one row per input) to the (d,) aggregate."""
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        """The aggregate of the rows of ``vectors``."""
+        ...
+
+
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Mean:
+    """The coordinate-wise mean (:func:`mean`): no robustness; FedREP with it is SHARE's plain average (spec 5.4)."""
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        return mean(vectors)
+
+
+@dataclass(frozen=True)
+class GeometricMedian:
+    """The geometric median by smoothed Weiszfeld iterations (:func:`geometric_median`; Pillutla et al. 2019).
+
+    Parameters
+    ----------
+    iters
+        Weiszfeld iterations (default 5, the paper's setting, Sec. 5).
+    nu
+        Smoothing constant > 0 (default 1e-6, spec 11.7).
+    init
+        Starting point: "mean" (default, spec 11.7), "median" or "zeros".
+    """
+
+    iters: int = 5
+    nu: float = 1e-6
+    init: str = "mean"
+
+    def __post_init__(self) -> None:
+        _check_count("iters", self.iters)
+        if not (isinstance(self.nu, int | float) and math.isfinite(self.nu) and self.nu > 0):
+            raise ValueError(f"nu must be a finite number > 0, got {self.nu!r}")
+        if self.init not in ("mean", "median", "zeros"):
+            raise ValueError(f"init must be 'mean', 'median' or 'zeros', got {self.init!r}")
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        return geometric_median(vectors, self.iters, self.nu, self.init)
+
+
+@dataclass(frozen=True)
+class TrimmedMean:
+    """The coordinate-wise trimmed mean (:func:`trimmed_mean`; Yin et al. 2018).
+
+    Parameters
+    ----------
+    trim_fraction
+        Fraction trimmed from each side, in [0, 0.5) (default 7/16, the paper's setting, Sec. 5).
+    """
+
+    trim_fraction: float = 7 / 16
+
+    def __post_init__(self) -> None:
+        f = self.trim_fraction
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 <= f < 0.5:
+            raise ValueError(f"trim_fraction must lie in [0, 0.5), got {f!r}")
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        return trimmed_mean(vectors, self.trim_fraction)
+
+
+@dataclass(frozen=True)
+class CenteredClipping:
+    """Centered clipping from the origin (:func:`centered_clipping`; Karimireddy et al. 2021), stateless (spec 11.7).
+
+    Parameters
+    ----------
+    tau
+        Clipping radius > 0 (default 0.5, the paper's, tuned for ResNet-20 updates: match it to the scale of the
+        inputs, a radius far above their norms clips nothing and gives the mean).
+    iters
+        Clipping iterations (default 5, the paper's).
+    """
+
+    tau: float = 0.5
+    iters: int = 5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tau, bool) or not isinstance(self.tau, int | float) or math.isnan(self.tau) or self.tau <= 0:
+            raise ValueError(f"tau must be > 0 (inf allowed), got {self.tau!r}")
+        _check_count("iters", self.iters)
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        return centered_clipping(vectors, self.tau, self.iters)

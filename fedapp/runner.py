@@ -22,7 +22,6 @@ from fedapp.compression.codec import FLOAT32_MAX
 from fedapp.config import ConfigError, RunConfig
 from fedapp.registry import ALGORITHMS
 from fedapp.results import build_results, write_results
-from fedapp.strategy_base import RoundFailed as LegacyRoundFailed
 from strategies.base import RoundFailed
 
 #: the files a run writes into its output directory
@@ -33,7 +32,7 @@ PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 class RunFailed(RuntimeError):
     """The run stopped before its last round; ``results`` is the results.json (status "failed") of the rounds that
-    ran. The message is the one line that says why (for a :class:`~fedapp.strategy_base.RoundFailed`, the
+    ran. The message is the one line that says why (for a :class:`~strategies.base.RoundFailed`, the
     clients' errors quoted)."""
 
     def __init__(self, message: str, results: Path, rounds: int) -> None:
@@ -173,7 +172,7 @@ def finish(
 def failure_text(err: BaseException, strategy: Any) -> str:
     """The one line that says why a run stopped: a RoundFailed or ConfigError as is (they name the round or the
     key), anything else with its type and the round it happened in."""
-    if isinstance(err, RoundFailed | LegacyRoundFailed | ConfigError):
+    if isinstance(err, RoundFailed | ConfigError):
         return str(err)
     current = getattr(strategy, "current_round", 0)
     where = f"round {current}" if current else "before round 1"

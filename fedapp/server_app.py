@@ -12,13 +12,11 @@ from __future__ import annotations
 import time
 from logging import ERROR, INFO
 
-import numpy as np
-from flwr.app import ArrayRecord, Context
+from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedapp.config import ConfigError, debug_enabled, parse_run_config
-from fedapp.registry import ALGORITHMS
 from fedapp.runner import RunFailed, build_strategy, prepare_out_dir, run_to_results, summary_lines
 
 app = ServerApp()
@@ -50,13 +48,9 @@ def main(grid: Grid, context: Context) -> None:
     engine = "flower-simulation" if type(grid).__name__ == "InMemoryGrid" else "flower-deployment"
     log(INFO, "results will be written to %s", out)
 
-    def drive() -> None:
-        if ALGORITHMS[cfg.algorithm].public:  # the public layer holds the initial model in the user's layout
-            strategy.start(grid=grid, initial_arrays=strategy.current_arrays(), num_rounds=cfg.num_server_rounds,
-                           evaluate_fn=strategy.evaluate_fn)
-        else:
-            strategy.start(grid=grid, initial_arrays=ArrayRecord([strategy.x.astype(np.float32)]),
-                           num_rounds=cfg.num_server_rounds, evaluate_fn=strategy.evaluate_fn)
+    def drive() -> None:  # the strategy holds the initial model (in the user's layout) and the central evaluation
+        strategy.start(grid=grid, initial_arrays=strategy.current_arrays(), num_rounds=cfg.num_server_rounds,
+                       evaluate_fn=strategy.evaluate_fn)
 
     try:
         doc, path = run_to_results(cfg, strategy, engine, drive, out=out, t0=t0)

@@ -384,6 +384,8 @@ def local_deployment(
     logs.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home)
     env["FLWR_HOME"] = str(flwr_home)  # flwr_env keeps an FLWR_HOME already exported (e.g. by the Makefile)
+    # the SuperNodes' ClientApps import this checkout (whatever is installed), like local_simulation's
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     daemon_env = {
         # their superexecs look for new work every 1 s by default; on loopback a shorter poll is cheap
         "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",

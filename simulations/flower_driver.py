@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: a simulation SuperLink connection that replaces `flwr run`'s shared local one when set (the tests set it)
+CONNECTION_VAR = "FEDAPP_FLWR_CONNECTION"
 
 
 class FlowerRunError(RuntimeError):
@@ -82,6 +84,8 @@ def run_flower(
     project's reproduction app); another app must accept the run config it is given (``out-dir`` is added only
     for this project's app); ``results_name`` None skips the check that a results file was written.
     """
+    if connection is None and os.environ.get(CONNECTION_VAR):  # the test session's own SuperLink (tests/conftest.py)
+        connection, simulation = os.environ[CONNECTION_VAR], True
     env = env or flwr_env()
     out_dir = out_dir.resolve()  # the ServerApp's cwd is the SuperLink daemon's, not ours
     cfg = {**overrides, "out-dir": str(out_dir)} if app == ROOT else dict(overrides)

@@ -1,138 +1,274 @@
-"""FedREP server (Alg. 1 of Yang, Wang, Li, "FedREP: A Byzantine-Robust, Communication-Efficient and
-Privacy-Preserving Framework for Federated Learning", arXiv 2303.05206; spec shared/specs/fedrep.md 3.4, 10.3).
+"""FedREP server (Alg. 1 of Yang, Wang, Li, "FedREP: A Byzantine-Robust, Communication-Efficient and Privacy-
+Preserving Framework for Federated Learning", arXiv 2303.05206; spec shared/specs/fedrep.md 3.4, 10.3), and the
+baselines built from the same pieces: SHARE, dense FedAvg and SparseSecAgg.
 
 One FedREP iteration is one Flower round of exactly two message exchanges (DESIGN.md: each exchange costs about
 6 s in a deployment, so there is no third):
 
 1. ``query.propose`` to all m clients (sent from ``configure_train`` through the Grid): the downlink of the last
    round's sparse aggregate (I^{t-1}, G~^{t-1}) -- or the dense model for a client that is not in sync -- and the
-   learning rate. Replies: each client's k = K/m proposed coordinates and a fresh public key. The server takes
-   the union I^t (S1), draws a fresh random partition into buffers of size s (S2).
+   round's local-algorithm settings. Replies: each client's k = K/m proposed coordinates and, when masked, a fresh
+   public key. The server takes the union I^t (S1) and draws a fresh random partition into buffers of size s (S2).
 2. ``train`` to the buffered clients: I^t, the buffer id and the buffer-mates' public keys (S3). Replies: g[I^t]
-   masked with pairwise one-time pads (``secagg-mode = masked``) so that the server learns only each buffer's
-   mean b_l (S4); the robust aggregator over the buffer means gives G~^t (S5) and w^{t+1} = w^t - G~^t (S7).
+   masked with pairwise one-time pads so that the server learns only each buffer's mean b_l (S4); the robust
+   aggregator over the buffer means gives G~^t (S5) and w^{t+1} = w^t - G~^t (S7).
 
-Failures never stall a round (spec 4.3 "Dropouts"): a client that fails phase 1 is left out of this round's
-buffers; a buffer with a member missing in phase 2 (or a malformed upload) is discarded and the aggregator runs
-on the others. ``share`` is the same protocol with k = d (SHARE of Velicheti et al. 2021, spec 7.3): nothing to
-propose, every coordinate aggregated. ``fedrep-fedavg`` is plain averaging of the individual clients' dense
-updates with the same local algorithm (k = d, s = 1, plain mode, mean): the undefended baseline.
+The clients are :class:`clients.fedrep.FedREPClient` (``FedREPClient.client_app(client_fn)`` registers both
+actions). Failures never stall a round (spec 4.3 "Dropouts"): a client that fails phase 1 is left out of this
+round's buffers; a buffer with a member missing in phase 2 (or a malformed upload) is discarded and the aggregator
+runs on the others. A round in which no proposal is accepted raises :class:`strategies.base.RoundFailed`.
 
-Simulation-only adversary (spec 10.4): with ``secagg-mode = plain`` the server sees individual vectors and an
-oracle replaces the Byzantine clients' uploads by ALIE or FoE vectors computed from the honest ones, and their
-proposals by an honest one ("same"). With real masking this is impossible by design, and the run config refuses
-those attacks.
+The math is in the math layer, so that other strategies can reuse it: ConSpar in
+:mod:`fedapp.compression.conspar`, the buffers and the pairwise masking in :mod:`fedapp.secagg`, the aggregators
+in :mod:`fedapp.robust`, the local algorithm and the server step in :mod:`fedapp.algorithms.fedrep`.
+
+Simulation only (spec 10.4): an :class:`fedapp.attacks.OmniscientOracle` given as ``oracle`` replaces the
+Byzantine clients' plain uploads by ALIE or FoE vectors computed from the honest ones, and their proposals by an
+honest one ("same"). With masking the server cannot see individual uploads, by design: a masked strategy refuses
+an ALIE / FoE oracle (proposals travel in the clear in both modes, so "same" runs in both). Without an oracle no
+attack code runs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from logging import INFO, WARNING
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from logging import WARNING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from clients.fedrep import initial_weights, model_crc
-from fedapp import attacks, robust
-from fedapp.algorithms.fedrep import learning_rate, server_step
+from fedapp.algorithms.fedrep import learning_rate, model_crc, server_step, trainable_count
 from fedapp.compression import conspar
 from fedapp.compression.codec import MalformedPayload
-from fedapp.config import RunConfig
-from fedapp.models.base import FloatArray
-from fedapp.sampling import rng_for
-from fedapp.strategy_base import FederatedStrategy, Scalar, client_error_text
-from fedapp.task import Evaluator, build_net
+from fedapp.compression.conspar import ConSpar
+from fedapp.layout import FloatArray
+from fedapp.robust import CenteredClipping, Mean
 from fedapp.wire import train_content
+from strategies.base import ROUND_KEY, FederatedStrategy, Scalar, client_error_text
+
+if TYPE_CHECKING:
+    from fedapp.attacks import OmniscientOracle
+
+__all__ = ["SHARE", "DenseFedAvg", "FedREP", "SparseSecAgg"]
 
 PROPOSE = "query.propose"
 STREAM_BUFFERS, STREAM_ORACLE, STREAM_SANITIZE = 20, 21, 22
 MAX_KEY_BYTES = 512
 
+Aggregator = Callable[[NDArray[Any]], NDArray[np.float64]]
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: Any, lo: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return value
+
 
 class FedREP(FederatedStrategy):
-    """FedREP: ConSpar + buffered secure aggregation + robust aggregation (keys ``fedrep``, ``share``).
+    """FedREP: ConSpar + buffered secure aggregation + robust aggregation over the buffer means (Alg. 1).
+
+    All connected clients take part in every round (fraction_train is 1, Alg. 1). The model is kept in float32,
+    the values every client receives, so that the sparse downlink can be replayed bit for bit by the clients.
 
     Parameters
     ----------
-    cfg
-        Run config: num-clients m (all participate every round), model (a torch network), conspar-fraction K/d,
-        conspar-alpha, buffer-size s, secagg-mode, aggregator (+ geomed-iters, tmean-fraction, cclip-tau,
-        cclip-iters), lr, lr-decay-round, sparse-downlink, byzantine-clients, attack, coord-attack, alie-z,
-        foe-eps, seed.
-    evaluator
-        Central test-set evaluation; None skips it.
+    conspar
+        :class:`fedapp.compression.conspar.ConSpar`: K/d and alpha (Sec. 3.2). K is a fraction of the trainable
+        parameters (every floating-point array of ``initial_arrays`` except BatchNorm running statistics, spec 11.2),
+        each of the m clients proposes k = round(K/m). Default ``ConSpar(fraction=0.05, alpha=0.0)`` (Sec. 5).
+        None sends every coordinate (k = d, no proposals): SHARE.
+    buffer_size
+        s, clients per secure buffer (Sec. 3.3); the server learns only the mean of each buffer and aggregates the
+        m/s means robustly. Default 2 (Sec. 5). Keep the Byzantine clients below m/(2s) (spec 3.1); with m not a
+        multiple of s, the clients of a short last buffer sit out the round (drawn afresh each round).
+    masked
+        True (default): pairwise one-time pads inside each buffer (:mod:`fedapp.secagg`, Bonawitz et al. 2017), so
+        the server never sees an individual upload; False: plain uploads (the server computes the buffer means).
+    aggregator
+        The robust aggregator over the buffer means, a callable of an (n, |I^t|) array (:mod:`fedapp.robust`):
+        ``Mean()``, ``GeometricMedian(iters=5)``, ``TrimmedMean(7/16)`` or ``CenteredClipping(tau=0.5, iters=5)``
+        (default; the paper's settings, Sec. 5; CClip's tau must match the scale of the updates).
+    lr
+        eta of Eq. (180), the local learning rate (default 0.5, the paper's FedREP lr, Fig. 7); the server step is 1
+        (spec 3.3).
+    lr_decay_round
+        Round from which eta is multiplied by ``lr_decay_factor`` (the paper: epoch 80 of 120, spec 3.3); None
+        (default) never.
+    lr_decay_factor
+        Default 0.1 (spec 3.3).
+    momentum
+        beta of Eq. (180), dampened and persistent across rounds (default 0.9, Sec. 5).
+    local_steps
+        I, local steps per round (default 1, the paper's alpha study; 5 in its RCGD-EF comparison).
+    batch_size
+        B (default 25, Sec. 5); None uses each client's DataLoader batch size.
+    sparse_downlink
+        True (default): phase 1 carries only (I^{t-1}, G~^{t-1}) to clients in sync (two-way sparsity, Sec. 3.2),
+        checked by a CRC of the float32 model; False: the dense model every round.
+    clients_hold_initial
+        True when every client's model already holds ``initial_arrays`` (Alg. 2: "the same w^0", e.g. seeded or
+        loaded from one checkpoint): round 1 then sends the sparse (empty) downlink too. Default False: the first
+        downlink to each client is the dense model.
+    oracle
+        SIMULATION ONLY: :class:`fedapp.attacks.OmniscientOracle` replacing the Byzantine clients' uploads (ALIE,
+        FoE; needs ``masked=False``) and proposals ("same": the proposals are in the clear in both modes) from the
+        honest ones. Default None.
+    **federation
+        :class:`strategies.base.FederatedStrategy`'s arguments (min_available_nodes, seed, require_partition_ids,
+        node_wait_s, eval_every, arrayrecord_key, configrecord_key).
+
+    Examples
+    --------
+    >>> strategy = FedREP(min_available_nodes=4, conspar=ConSpar(0.05), buffer_size=2,
+    ...                   aggregator=GeometricMedian(iters=5))
+    >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3)
     """
 
-    #: True for SHARE: k = d, every coordinate aggregated, no proposal phase content
-    share = False
-    #: the undefended baseline fixes s = 1, plain uploads and the mean (whatever the run config says)
-    fixed: ClassVar[dict[str, Any]] = {}
-    #: privacy of the coordinates is Theorem 2's epsilon, not a DP accountant's: no eps(36) line
-    privacy_label = "eps(Thm 2)"
+    #: the phase-2 upload the clients make: "conspar" (g on I^t) or "sparse-secagg"
+    upload = "conspar"
 
-    def __init__(self, cfg: RunConfig, evaluator: Evaluator | None = None) -> None:
-        self.net = build_net(cfg)
-        self.dim = self.net.dim
-        self.mode: str = self.fixed.get("secagg_mode", cfg.secagg_mode)
-        self.buffer_size: int = self.fixed.get("buffer_size", cfg.buffer_size)
-        self.aggregator: str = self.fixed.get("aggregator", cfg.aggregator)
-        m = cfg.num_clients
-        self.k = self.dim if self.share else conspar.k_per_client(cfg.conspar_fraction, self.net.num_trainable, m)
-        self.byzantine = set(attacks.byzantine_ids(m, cfg.byzantine_clients, cfg.seed))
-        self.w: NDArray[np.float32] = initial_weights(cfg, self.net)
-        self.synced: set[int] = set(range(m)) if cfg.sparse_downlink else set()  # clients that can build w^0
-        empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-        self.last_update: tuple[NDArray[np.int64], NDArray[np.float32]] = empty
+    def __init__(
+        self,
+        *,
+        conspar: ConSpar | None = ConSpar(),  # noqa: B008 (frozen, immutable)
+        buffer_size: int = 2,
+        masked: bool = True,
+        aggregator: Aggregator = CenteredClipping(),  # noqa: B008 (frozen, immutable)
+        lr: float = 0.5,
+        lr_decay_round: int | None = None,
+        lr_decay_factor: float = 0.1,
+        momentum: float = 0.9,
+        local_steps: int = 1,
+        batch_size: int | None = 25,
+        sparse_downlink: bool = True,
+        clients_hold_initial: bool = False,
+        oracle: OmniscientOracle | None = None,
+        **federation: Any,
+    ) -> None:
+        if federation.get("fraction_train", 1.0) != 1.0:
+            raise ValueError(f"fraction_train must be 1: FedREP trains every client every round (Alg. 1), got "
+                             f"{federation['fraction_train']!r}")
+        super().__init__(**federation)
+        if conspar is not None and not isinstance(conspar, ConSpar):
+            raise TypeError(f"conspar must be a ConSpar(fraction, alpha) or None, got {type(conspar).__name__}")
+        self.conspar = conspar
+        self.buffer_size = _count("buffer_size", buffer_size)
+        if not isinstance(masked, bool):
+            raise ValueError(f"masked must be True or False, got {masked!r}")
+        if masked and buffer_size < 2:
+            raise ValueError("masked=True needs buffer_size >= 2: a buffer of one client is its update in the clear "
+                             "(use masked=False for s = 1)")
+        if not callable(aggregator):
+            raise TypeError(f"aggregator must be a callable of an (n, d) array, e.g. GeometricMedian(), got "
+                            f"{aggregator!r}")
+        if oracle is not None:
+            if not callable(getattr(oracle, "forge_values", None)):
+                raise TypeError(f"oracle must be a fedapp.attacks.OmniscientOracle, got {type(oracle).__name__}")
+            if masked and oracle.values != "none":
+                raise ValueError(f"an omniscient {oracle.values!r} oracle needs the clients' uploads in the clear: "
+                                 "masked=False (with masking the server cannot see individual vectors, by design)")
+        self.masked = masked
+        self.aggregator = aggregator
+        self.lr = _positive("lr", lr)
+        if lr_decay_round is not None:
+            _count("lr_decay_round", lr_decay_round)
+        self.lr_decay_round = lr_decay_round
+        self.lr_decay_factor = _positive("lr_decay_factor", lr_decay_factor)
+        if isinstance(momentum, bool) or not isinstance(momentum, int | float) or not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {momentum!r}")
+        self.momentum = float(momentum)
+        self.local_steps = _count("local_steps", local_steps)
+        self.batch_size = None if batch_size is None else _count("batch_size", batch_size)
+        self.sparse_downlink = bool(sparse_downlink)
+        self.clients_hold_initial = bool(clients_hold_initial)
+        self.oracle = oracle
+        self.w: NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        self.num_trainable = 0
+        self.synced: set[int] | None = None  # clients holding w^t (None: not decided before round 1)
+        self.last_update: tuple[NDArray[np.int64], NDArray[np.float32]] = _EMPTY
         self.rs: dict[str, Any] = {}  # the current round's I^t, buffers, keys (server state of one round)
-        super().__init__(cfg, evaluator)
-        if cfg.byzantine_clients and cfg.byzantine_clients >= math.ceil(m / (2 * self.buffer_size)):
-            log(WARNING, "%d Byzantine clients can contaminate half of the %d buffers: no robust aggregator can "
-                "hold (spec 3.1 needs f < m/(2s))", cfg.byzantine_clients, m // self.buffer_size)
 
-    def initial_model(self) -> FloatArray:
-        """w^0 (torch's seeded default initialisation, the same on every client)."""
-        return self.w.astype(np.float64)
+    # ------------------------------------------------------------------ the model
+    def on_initialize(self) -> None:
+        """w^0 in float32 (what every client holds), and the trainable count ConSpar's K refers to."""
+        assert self.layout is not None
+        self.w = self.x.astype(np.float32)
+        self.num_trainable = trainable_count(self.layout)
+        self.synced = None
+        self.last_update = _EMPTY
 
     def global_model(self) -> FloatArray:
         return self.w.astype(np.float64)
 
-    def summary(self) -> None:
-        c = self.cfg
-        log(INFO, "%s: m=%d d=%d k=%d (K=%d) s=%d agg=%s mode=%s byzantine=%s attack=%s/%s rounds=%d",
-            type(self).__name__, c.num_clients, self.dim, self.k, self.k * c.num_clients, self.buffer_size,
-            self.aggregator, self.mode, sorted(self.byzantine), c.attack, c.coord_attack, c.num_server_rounds)
+    @property
+    def k(self) -> int:
+        """Coordinates each client proposes (k = d without ConSpar); needs the model and the federation."""
+        if self.conspar is None:
+            return self.dim
+        return self.conspar.k(self.num_trainable, max(1, self.num_clients))
+
+    def attach(self, node_of: Any) -> None:
+        super().attach(node_of)
+        if self.num_clients % self.buffer_size:
+            log(WARNING, "%d clients are not a multiple of buffer_size %d: %d sit out each round (drawn afresh)",
+                self.num_clients, self.buffer_size, self.num_clients % self.buffer_size)
+        if self.conspar is not None:
+            self.k  # noqa: B018 -- raises now (fraction > m) rather than in round 1
+
+    def learning_rate(self, server_round: int) -> float:
+        """eta_t (spec 3.3)."""
+        return learning_rate(self.lr, server_round, self.lr_decay_round or 0, self.lr_decay_factor)
 
     # ------------------------------------------------------------------ phase 1: propose
-    def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
-        """query.propose to every client: the sparse aggregate (or the dense model) and the round's lr."""
-        c = self.cfg
-        base: dict[str, Scalar] = {
-            "server-round": server_round, "lr": learning_rate(c.lr, server_round, c.lr_decay_round), "k": self.k,
-            "model-crc": model_crc(self.w), "masked": self.mode == "masked",
+    def propose_config(self, server_round: int) -> dict[str, Scalar]:
+        """Everything the clients' phase 1 needs: the local algorithm, ConSpar, masking, the downlink's CRC."""
+        cfg: dict[str, Scalar] = {
+            **self.user_config, **self.common_config(), ROUND_KEY: server_round,
+            "lr": self.learning_rate(server_round), "momentum": self.momentum, "local-steps": self.local_steps,
+            "k": self.k, "alpha": self.conspar.alpha if self.conspar is not None else 0.0,
+            "error-feedback": self.upload == "conspar", "masked": self.masked,
+            "sparse-downlink": self.sparse_downlink, "model-crc": model_crc(self.w),
         }
+        if self.batch_size is not None:
+            cfg["batch-size"] = self.batch_size
+        return cfg
+
+    def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
+        """query.propose to every client: the sparse aggregate (or the dense model) and the round's settings."""
+        if self.synced is None:
+            start_synced = self.sparse_downlink and self.clients_hold_initial
+            self.synced = set(range(self.num_clients)) if start_synced else set()
+        base = self.propose_config(server_round)
         idx, vals = self.last_update
         # An update on every coordinate (k = d: SHARE, dense FedAvg) goes without its index list: empty indices
         # with d values mean "all coordinates" (half the bytes of listing them).
         wire_idx = np.zeros(0, dtype=np.uint32) if len(idx) == self.dim else idx.astype(np.uint32)
-        sparse = train_content([wire_idx, vals], {**base, "dense-model": False})
-        dense = train_content([self.w], {**base, "dense-model": True})
+        keys = {"arrays_key": self.arrayrecord_key, "config_key": self.configrecord_key}
+        sparse = train_content([wire_idx, vals], {**base, "dense-model": False}, **keys)
+        dense = train_content([self.w], {**base, "dense-model": True}, **keys)
         out = []
-        for pid in range(c.num_clients):
-            content = sparse if pid in self.synced else dense
+        for cid in range(self.num_clients):
+            content = sparse if cid in self.synced else dense
             self.count_down(content)
-            out.append((self.node_of[pid], PROPOSE, content))
-        self.last_update = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+            out.append((self.node_of[cid], PROPOSE, content))
+        self.last_update = _EMPTY
         return out
 
-    def _decode_proposal(self, server_round: int, pid: int, content: RecordDict) -> tuple[NDArray[np.int64], bytes]:
-        if "arrays" not in content.array_records:
-            raise MalformedPayload("propose reply must carry an ArrayRecord 'arrays'")
-        arrays = content.array_records["arrays"].to_numpy_ndarrays()
-        want = 2 if self.mode == "masked" else 1
+    def _decode_proposal(self, server_round: int, cid: int, content: RecordDict) -> tuple[NDArray[np.int64], bytes]:
+        if self.arrayrecord_key not in content.array_records:
+            raise MalformedPayload(f"propose reply must carry an ArrayRecord {self.arrayrecord_key!r}")
+        arrays = content.array_records[self.arrayrecord_key].to_numpy_ndarrays()
+        want = 2 if self.masked else 1
         if len(arrays) != want:
             raise MalformedPayload(f"propose reply has {len(arrays)} arrays, expected {want}")
         raw = arrays[0]
@@ -141,8 +277,7 @@ class FedREP(FederatedStrategy):
                 raise MalformedPayload("with k = d (SHARE) the proposal must be empty")
             prop = np.zeros(0, dtype=np.int64)
         else:
-            rng = rng_for(self.cfg.seed, STREAM_SANITIZE, server_round, pid)
-            prop = conspar.sanitize_proposal(raw, self.dim, self.k, rng)
+            prop = conspar.sanitize_proposal(raw, self.dim, self.k, self.rng(STREAM_SANITIZE, server_round, cid))
         key = b""
         if want == 2:
             from fedapp import secagg
@@ -155,46 +290,52 @@ class FedREP(FederatedStrategy):
         return prop, key
 
     def consume_pre_train(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> None:
-        """S1-S2: validate the proposals, take the union I^t, draw the buffers."""
-        c = self.cfg
+        """S1-S2: validate the proposals, take the union I^t, draw the buffers.
+
+        Raises
+        ------
+        RoundFailed
+            When no proposal was accepted.
+        """
+        assert self.synced is not None
         proposals: dict[int, NDArray[np.int64]] = {}
         keys: dict[int, bytes] = {}
         losses: list[float] = []
         for node_id, content in replies:
-            pid = self.pid_of.get(node_id)
-            if isinstance(content, str) or pid is None:
+            cid = self.pid_of.get(node_id)
+            if isinstance(content, str) or cid is None:
                 why = client_error_text(content) if isinstance(content, str) else "unknown node"
-                self._reject(server_round, node_id, f"propose: {why}")
-                if pid is not None:
-                    self.synced.discard(pid)  # it may not hold w^t: send it the dense model next round
+                self.reject(server_round, node_id, f"propose: {why}")
+                if cid is not None:
+                    self.synced.discard(cid)  # it may not hold w^t: send it the dense model next round
                 continue
             self.count_up(content)
             try:
-                proposals[pid], keys[pid] = self._decode_proposal(server_round, pid, content)
+                proposals[cid], keys[cid] = self._decode_proposal(server_round, cid, content)
             except (MalformedPayload, ValueError, TypeError) as err:
-                self._reject(server_round, node_id, f"propose: {err}")
+                self.reject(server_round, node_id, f"propose: {err}")
                 continue
-            if c.sparse_downlink:
-                self.synced.add(pid)
-            loss = content.metric_records["metrics"].get("train_loss") if "metrics" in content.metric_records else None
+            if self.sparse_downlink:
+                self.synced.add(cid)
+            metrics = content.metric_records.get("metrics")
+            loss = metrics.get("train_loss") if metrics is not None else None
             if isinstance(loss, int | float) and math.isfinite(loss):
                 losses.append(float(loss))
-        if c.coord_attack == "same" and self.k < self.dim:  # simulation oracle: copy an honest proposal
-            honest = [p for pid, p in proposals.items() if pid not in self.byzantine]
-            rng = rng_for(c.seed, STREAM_ORACLE, server_round)
-            for pid in sorted(self.byzantine & set(proposals)):
-                proposals[pid] = attacks.same_attack(honest, rng)
+        if not proposals:  # no client can submit: the round fails as a train exchange with no accepted reply would
+            raise self.round_failed(server_round, f"no proposal accepted ({sum(self.round_errors().values())} of "
+                                    f"{self.num_clients} rejected)")
+        if self.oracle is not None and self.k < self.dim:  # SIMULATION ONLY: copy honest proposals ("same")
+            proposals = self.oracle.forge_proposals(proposals, self.rng(STREAM_ORACLE, server_round))
         if self.k >= self.dim:
             consensus = np.arange(self.dim, dtype=np.int64)
         else:
             consensus = conspar.consensus(list(proposals.values()), self.dim, self.k)
-
         buffers, left_out = self.make_buffers(sorted(proposals), server_round)
         if left_out:
             log(WARNING, "round %d: clients %s left out of the buffers (incomplete buffer)", server_round, left_out)
         self.rs = {
             "I": consensus, "buffers": buffers, "keys": keys, "losses": losses,
-            "buffer_of": {pid: b for b, members in enumerate(buffers) for pid in members},
+            "buffer_of": {cid: b for b, members in enumerate(buffers) for cid in members},
             "I_wire": consensus.astype(np.uint32) if self.k < self.dim else np.zeros(0, dtype=np.uint32),
         }
 
@@ -202,28 +343,28 @@ class FedREP(FederatedStrategy):
         """S2: a fresh uniformly random partition of the present clients into buffers of size s (+ the left-out)."""
         from fedapp import secagg
 
-        return secagg.buffer_partition(present, self.buffer_size, rng_for(self.cfg.seed, STREAM_BUFFERS, server_round))
+        return secagg.buffer_partition(present, self.buffer_size, self.rng(STREAM_BUFFERS, server_round))
 
     # ------------------------------------------------------------------ phase 2: submit
     def participants(self, server_round: int) -> list[int]:
-        """The clients placed in a buffer this round (all m unless some failed phase 1)."""
+        """The clients placed in a buffer this round (all of them unless some failed phase 1)."""
         return sorted(self.rs.get("buffer_of", {}))
 
-    def client_payload(self, server_round: int, partition_id: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
-        b = self.rs["buffer_of"][partition_id]
-        config: dict[str, Any] = {"buffer-id": b, "masked": self.mode == "masked"}
-        if self.mode == "masked":
-            peers = [p for p in self.rs["buffers"][b] if p != partition_id]
-            config["peer-ids"] = peers
-            config["peer-keys"] = [self.rs["keys"][p] for p in peers]
+    def client_payload(self, server_round: int, client: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
+        b = self.rs["buffer_of"][client]
+        config: dict[str, Any] = {"buffer-id": b, "masked": self.masked, "upload": self.upload}
+        if self.masked:
+            peers = [p for p in self.rs["buffers"][b] if p != client]
+            config.update({"client-id": client, "mask-session": self.seed, "peer-ids": peers,
+                           "peer-keys": [self.rs["keys"][p] for p in peers]})
         return [self.rs["I_wire"]], config
 
-    def decode_update(self, server_round: int, partition_id: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
+    def decode_update(self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
         n = len(self.rs["I"])
         if len(arrays) != 1:
             raise MalformedPayload(f"submit reply has {len(arrays)} arrays, expected 1")
         x = arrays[0]
-        want = np.uint32 if self.mode == "masked" else np.float32
+        want = np.uint32 if self.masked else np.float32
         if x.dtype != want or x.shape != (n,):
             raise MalformedPayload(f"upload must be {np.dtype(want).name} of shape ({n},), got {x.dtype} {x.shape}")
         if want == np.float32 and not np.all(np.isfinite(x)):
@@ -233,18 +374,14 @@ class FedREP(FederatedStrategy):
     def buffer_means(self, server_round: int, updates: dict[int, Any]) -> tuple[list[FloatArray], list[int]]:
         """S4: the mean of each complete buffer (decoded from the masked sums, or computed in plain mode)."""
         buffers: list[list[int]] = self.rs["buffers"]
-        if self.mode == "masked":
+        if self.masked:
             from fedapp import secagg
 
             means_by_id, discarded = secagg.decode_buffers(updates, buffers, length=len(self.rs["I"]))
             return [means_by_id[b] for b in sorted(means_by_id)], list(discarded)
-        vecs = {pid: np.asarray(v, dtype=np.float64) for pid, v in updates.items()}
-        c = self.cfg
-        if c.attack in ("alie", "foe"):  # simulation oracle (plain mode only)
-            vecs = attacks.apply_value_attack(
-                c.attack, vecs, self.byzantine & set(vecs), eps=c.foe_eps,
-                z=attacks.alie_z(c.num_clients, c.byzantine_clients, c.alie_z) if c.byzantine_clients else 0.0,
-            )
+        vecs = {cid: np.asarray(v, dtype=np.float64) for cid, v in updates.items()}
+        if self.oracle is not None:  # SIMULATION ONLY: ALIE / FoE from the honest plain uploads
+            vecs = self.oracle.forge_values(vecs)
         means, discarded = [], []
         for b, members in enumerate(buffers):
             if all(p in vecs for p in members):
@@ -253,75 +390,116 @@ class FedREP(FederatedStrategy):
                 discarded.append(b)
         return means, discarded
 
+    def round_diagnostics(self, idx: NDArray[np.int64], buffers: int, discarded: int) -> dict[str, float]:
+        losses = self.rs["losses"]
+        return {"consensus_size": float(len(idx)), "gamma": len(idx) / self.num_trainable,
+                "buffers": float(buffers), "discarded_buffers": float(discarded),
+                "mean_train_loss": float(np.mean(losses)) if losses else float("nan")}
+
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
         """S4-S7: buffer means -> robust aggregate G~^t on I^t -> w^{t+1} = w^t - G~^t."""
-        c = self.cfg
         means, discarded = self.buffer_means(server_round, updates)
         if discarded:
             log(WARNING, "round %d: buffer(s) %s discarded (a member missing or malformed)", server_round, discarded)
         idx: NDArray[np.int64] = self.rs["I"]
-        diag = {
-            "consensus_size": float(len(idx)), "gamma": len(idx) / self.net.num_trainable,
-            "buffers": float(len(means)), "discarded_buffers": float(len(discarded)),
-            "mean_train_loss": float(np.mean(self.rs["losses"])) if self.rs["losses"] else float("nan"),
-        }
+        diag = self.round_diagnostics(idx, len(means), len(discarded))
         if not means:
             log(WARNING, "round %d: no complete buffer; the model is unchanged", server_round)
             return diag
-        by_name: dict[str, dict[str, Any]] = {
-            "geomed": {"iters": c.geomed_iters}, "tmean": {"trim_fraction": c.tmean_fraction},
-            "cclip": {"tau": c.cclip_tau, "iters": c.cclip_iters},
-        }
-        params = by_name.get(self.aggregator, {})
-        update = robust.aggregate(self.aggregator, np.stack(means), **params).astype(np.float32)
+        update = np.asarray(self.aggregator(np.stack(means))).astype(np.float32)
+        if update.shape != idx.shape:
+            raise ValueError(f"the aggregator returned shape {update.shape}, expected {idx.shape}")
         self.w = server_step(self.w, idx, update.astype(np.float64))
         self.last_update = (idx, update)  # exactly the float32 values applied: clients replay them bit for bit
         diag["update_norm"] = float(np.linalg.norm(update))
         return diag
 
-    def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
-        return None, None
+    def describe(self) -> dict[str, Any]:
+        out = {**super().describe(), "conspar": self.conspar, "buffer_size": self.buffer_size, "masked": self.masked,
+               "aggregator": self.aggregator, "lr": self.lr, "lr_decay_round": self.lr_decay_round,
+               "momentum": self.momentum, "local_steps": self.local_steps, "batch_size": self.batch_size,
+               "sparse_downlink": self.sparse_downlink}
+        if self.num_clients and self.layout is not None:
+            out["k"] = self.k
+        if self.oracle is not None:
+            out["oracle (simulation only)"] = self.oracle
+        return out
+
+
+_EMPTY: tuple[NDArray[np.int64], NDArray[np.float32]] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
 
 
 class SHARE(FedREP):
     """SHARE (Velicheti, Xia, Koyejo 2021) = FedREP with k = d (spec 7.3): buffered secure + robust aggregation of
-    dense updates, no sparsification (key ``share``)."""
+    dense updates, no sparsification, no proposals.
 
-    share = True
+    Parameters are those of :class:`FedREP` without ``conspar`` (defaults: s = 2, masked, CClip).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        if "conspar" in kwargs:
+            raise TypeError("SHARE aggregates every coordinate: it takes no conspar (use FedREP for ConSpar)")
+        super().__init__(conspar=None, **kwargs)
 
 
 class DenseFedAvg(FedREP):
-    """The undefended baseline in the same framework (key ``fedrep-fedavg``): every client's dense update
-    w^t - w_k^{t+1} (same local Eq. (180) algorithm) averaged in the clear -- FedAvg with server step 1.
-    buffer-size, secagg-mode and aggregator of the run config are ignored (s = 1, plain, mean)."""
+    """The undefended baseline in the same framework: every client's dense update w^t - w_k^{t+1} (same local
+    Eq. (180) algorithm) averaged in the clear -- FedAvg with server step 1 (s = 1, plain uploads, the mean).
 
-    share = True
-    fixed: ClassVar[dict[str, Any]] = {"buffer_size": 1, "secagg_mode": "plain", "aggregator": "mean"}
+    Parameters are :class:`FedREP`'s local-algorithm and federation arguments (lr, lr_decay_round, momentum,
+    local_steps, batch_size, sparse_downlink, clients_hold_initial, oracle, ...).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        fixed = sorted({"conspar", "buffer_size", "masked", "aggregator"} & set(kwargs))
+        if fixed:
+            raise TypeError(f"DenseFedAvg fixes {fixed} (k = d, s = 1, plain, mean)")
+        super().__init__(conspar=None, buffer_size=1, masked=False, aggregator=Mean(), **kwargs)
 
 
 class SparseSecAgg(FedREP):
     """SparseSecAgg (Ergun, Sami, Guler 2021; spec 7.2, our reading in :mod:`fedapp.sparse_secagg`): every client
-    uploads the coordinates of its pairwise Bernoulli location masks, additively masked so that only per-coordinate
-    sums are revealed; no error compensation, no robust aggregation, one group of all clients (key
-    ``sparse-secagg``). ``conspar-fraction`` is its Gamma (fraction of coordinates each client sends) and
-    ``sparsesecagg-scale`` divides the sums by N (default, what the paper's best lr = 5 hints at) or by N Gamma.
+    uploads the coordinates of its pairwise Bernoulli location masks, additively masked so that only
+    per-coordinate sums are revealed; no error compensation, no robust aggregation, one group of all clients.
+
+    Parameters
+    ----------
+    gamma
+        Gamma, the expected fraction of the d coordinates each client sends, in (0, 1] (default 0.05, the paper's
+        Fig. 6-7 setting).
+    scale
+        "sum/N" (default: the sums divided by the number of clients, what the paper's best lr = 5 hints at) or
+        "sum/(N*Gamma)" (unbiased).
+    **kwargs
+        :class:`FedREP`'s local-algorithm and federation arguments (lr, momentum, local_steps, batch_size,
+        sparse_downlink, clients_hold_initial, ...).
     """
 
-    share = True
-    fixed: ClassVar[dict[str, Any]] = {"secagg_mode": "masked", "aggregator": "mean"}
+    upload = "sparse-secagg"
+
+    def __init__(self, *, gamma: float = 0.05, scale: str = "sum/N", **kwargs: Any) -> None:
+        fixed = sorted({"conspar", "buffer_size", "masked", "aggregator", "oracle"} & set(kwargs))
+        if fixed:
+            raise TypeError(f"SparseSecAgg fixes {fixed} (one masked group, no robust aggregation)")
+        if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 < gamma <= 1:
+            raise ValueError(f"gamma must lie in (0, 1], got {gamma!r}")
+        if scale not in ("sum/N", "sum/(N*Gamma)"):
+            raise ValueError(f"scale must be 'sum/N' or 'sum/(N*Gamma)', got {scale!r}")
+        super().__init__(conspar=None, buffer_size=2, masked=True, aggregator=Mean(), **kwargs)
+        self.gamma, self.scale = float(gamma), scale
 
     def make_buffers(self, present: list[int], server_round: int) -> tuple[list[list[int]], list[int]]:
         """One group: every client that answered phase 1."""
         return [present], []
 
-    def client_payload(self, server_round: int, partition_id: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
+    def client_payload(self, server_round: int, client: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
         from fedapp.sparse_secagg import location_probability
 
-        arrays, config = super().client_payload(server_round, partition_id)
-        config["p"] = location_probability(min(self.cfg.conspar_fraction, 1.0), len(self.rs["buffers"][0]))
+        arrays, config = super().client_payload(server_round, client)
+        config["p"] = location_probability(self.gamma, len(self.rs["buffers"][0]))
         return arrays, config
 
-    def decode_update(self, server_round: int, partition_id: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
+    def decode_update(self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
         if len(arrays) != 2:
             raise MalformedPayload(f"SparseSecAgg upload has {len(arrays)} arrays, expected 2 (indices, values)")
         idx, vals = arrays
@@ -335,8 +513,9 @@ class SparseSecAgg(FedREP):
         from fedapp.sparse_secagg import decode_sparse_sum
 
         (group,) = self.rs["buffers"]
+        losses = self.rs["losses"]
         diag = {"buffers": 1.0, "discarded_buffers": 0.0,
-                "mean_train_loss": float(np.mean(self.rs["losses"])) if self.rs["losses"] else float("nan")}
+                "mean_train_loss": float(np.mean(losses)) if losses else float("nan")}
         if set(group) - set(updates):  # unmatched pairwise masks: nothing can be decoded
             log(WARNING, "round %d: %d client(s) of the group missing; the aggregate is discarded", server_round,
                 len(set(group) - set(updates)))
@@ -344,9 +523,15 @@ class SparseSecAgg(FedREP):
         sums, counts = decode_sparse_sum({p: updates[p] for p in group}, self.dim)
         n = len(group)
         gamma = float(np.mean([len(updates[p][0]) for p in group])) / self.dim
-        scale = n * gamma if self.cfg.sparsesecagg_scale == "sum/(N*Gamma)" else n
+        scale = n * gamma if self.scale == "sum/(N*Gamma)" else n
         idx = np.flatnonzero(counts > 0).astype(np.int64)
         update = (sums[idx] / scale).astype(np.float32)
         self.w = server_step(self.w, idx, update.astype(np.float64))
         self.last_update = (idx, update)
         return {**diag, "consensus_size": float(len(idx)), "gamma": gamma, "update_norm": float(np.linalg.norm(update))}
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        for key in ("conspar", "buffer_size", "aggregator"):
+            out.pop(key, None)
+        return {**out, "gamma": self.gamma, "scale": self.scale}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,3 +25,31 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _quiet_flower_logs() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def _own_simulation_superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One simulation SuperLink of the test session's own, which `run_flower` uses instead of `flwr run`'s shared
+    local daemon: that daemon may have been started from another checkout and would run its ClientApps there (the
+    editable install puts that checkout on sys.path); this one imports the checkout under test (PYTHONPATH)."""
+    from simulations.deploy import local_simulation
+    from simulations.flower_driver import CONNECTION_VAR
+
+    home = tmp_path_factory.mktemp("flwr-home")
+    with local_simulation(flwr_home=home) as sim:
+        saved = {k: os.environ.get(k) for k in (CONNECTION_VAR, "FLWR_HOME")}
+        os.environ.update({CONNECTION_VAR: sim.connection, "FLWR_HOME": str(home)})
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames"):
+            item.fixturenames.append("_own_simulation_superlink")

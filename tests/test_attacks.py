@@ -178,3 +178,40 @@ def test_byzantine_ids_are_seeded() -> None:
     with pytest.raises(ValueError):
         byzantine_ids(4, 5, 1)
 
+
+
+def test_client_attack_and_oracle_are_the_attack_functions() -> None:
+    """The simulation-only objects the public classes accept do exactly what the functions above do."""
+    from fedapp.attacks import ClientAttack, OmniscientOracle
+
+    rng = np.random.default_rng(3)
+    g = rng.normal(size=20)
+    x = rng.normal(size=6)
+    honest_prop = np.arange(4, dtype=np.int64)
+    assert ClientAttack().corrupt_values(x) is x
+    np.testing.assert_array_equal(ClientAttack("bit-flip").corrupt_values(x), -x)
+    np.testing.assert_array_equal(ClientAttack(coordinates="min").corrupt_proposal(honest_prop, g, 4, rng),
+                                  min_attack(g, 4))
+    np.testing.assert_array_equal(ClientAttack(coordinates="rand").corrupt_proposal(honest_prop, g, 4,
+                                                                                    np.random.default_rng(1)),
+                                  random_attack(20, 4, np.random.default_rng(1)))
+    vecs = {c: rng.normal(size=6) for c in range(5)}
+    oracle = OmniscientOracle(byzantine={1, 4, 9}, values="alie", z=0.3)  # type: ignore[arg-type]
+    assert oracle.byzantine == frozenset({1, 4, 9})
+    forged = oracle.forge_values(vecs)
+    want = apply_value_attack("alie", vecs, {1, 4}, z=0.3)
+    for c in vecs:
+        np.testing.assert_array_equal(forged[c], want[c])
+    props = {c: np.array([c, c + 5]) for c in range(5)}
+    same = OmniscientOracle(byzantine=frozenset({0, 3}), coordinates="same").forge_proposals(props,
+                                                                                            np.random.default_rng(2))
+    r = np.random.default_rng(2)
+    honest = [props[c] for c in (1, 2, 4)]
+    for c in (0, 3):
+        np.testing.assert_array_equal(same[c], same_attack(honest, r))
+    assert all(same[c] is props[c] for c in (1, 2, 4))
+    assert OmniscientOracle(byzantine=frozenset({0})).forge_proposals(props, r) == props
+    for bad in (lambda: ClientAttack(coordinates="same"), lambda: OmniscientOracle(coordinates="min"),
+                lambda: OmniscientOracle(eps=float("inf"))):
+        with pytest.raises(ValueError):
+            bad()

@@ -1,5 +1,5 @@
 """Flower's own Krum / FedMedian / FedTrimmedAvg on the FedREP setup (keys flwr-krum, flwr-fedmedian,
-flwr-fedtrimmedavg; strategies/flower_robust.py, clients.fedrep.FlowerDenseClient).
+flwr-fedtrimmedavg; strategies/flower_robust.py, clients.fedrep.MomentumSGDClient).
 
 The unmarked tests drive Flower's own configure_train / aggregate_train on a stub Grid with our client answering
 (no Flower engine) and check each rule against an independent computation; the ``flower`` tests run ``flwr run``.
@@ -18,6 +18,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from numpy.typing import NDArray
 
 from fedapp import attacks, robust
+from fedapp.attacks import OmniscientOracle
 from fedapp.client_app import handle
 from fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedapp.registry import ALGORITHMS
@@ -25,7 +26,7 @@ from fedapp.runner import build_strategy
 from simulations.flower_driver import run_flower
 from simulations.inprocess import make_contexts, run_inprocess
 from strategies.flower_builtin import FlowerOnlyError
-from strategies.flower_robust import FedREPSetupMixin, FlwrFedTrimmedAvg, FlwrKrum, forge_byzantine_replies
+from strategies.flower_robust import FedREPLocalMixin, FlwrFedTrimmedAvg, FlwrKrum, forge_byzantine_replies
 
 BASE: dict[str, Any] = {
     "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4, "clients-per-round": 4,
@@ -68,12 +69,16 @@ def test_bad_configs_name_the_key(overrides: dict[str, Any], key: str) -> None:
 def test_flower_parameters_map_to_the_run_config() -> None:
     # FedREP's buffer / masking defaults (buffer-size 2, secagg-mode masked) do not apply: FoE with 5 clients is fine
     cfg = cfg_of("flwr-krum", **{"num-clients": 5, "clients-per-round": 2, "byzantine-clients": 2, "attack": "foe"})
-    krum = FlwrKrum(cfg)
+    krum = build_strategy(cfg, evaluate=False)
+    assert isinstance(krum, FlwrKrum)
     assert krum.num_malicious_nodes == 2 and krum.num_nodes_to_select == 1
     assert (krum.fraction_train, krum.min_train_nodes, krum.min_available_nodes, krum.fraction_evaluate) == (1.0, 5, 5, 0.0)
-    assert krum.byzantine == frozenset(attacks.byzantine_ids(5, 2, cfg.seed))
-    trimmed = FlwrFedTrimmedAvg(cfg_of("flwr-fedtrimmedavg", **{"tmean-fraction": 0.25}))
-    assert trimmed.beta == 0.25
+    assert krum.oracle is not None and krum.oracle.values == "foe" and krum.oracle.eps == cfg.foe_eps
+    assert krum.oracle.byzantine == frozenset(attacks.byzantine_ids(5, 2, cfg.seed))
+    assert build_strategy(cfg_of("flwr-krum"), evaluate=False).oracle is None  # no attack: no simulation code
+    trimmed = build_strategy(cfg_of("flwr-fedtrimmedavg", **{"tmean-fraction": 0.25}), evaluate=False)
+    assert isinstance(trimmed, FlwrFedTrimmedAvg) and trimmed.beta == 0.25
+    assert trimmed.local_config(1, 1.0) == {"lr": 0.5, "momentum": 0.9, "local-steps": 2, "batch-size": 25}
     # the same w^0 as FedREP's strategies (torch's seeded default initialisation)
     np.testing.assert_array_equal(krum.x, build_strategy(cfg_of("fedrep-fedavg"), evaluate=False).global_model())
     used = ALGORITHMS["flwr-fedmedian"].used_config(cfg)
@@ -103,7 +108,7 @@ def test_oracle_replaces_only_the_byzantine_replies() -> None:
         ("foe", {"eps": 2.0, "z": None}, -2.0 * honest.mean(axis=0)),
         ("alie", {"eps": 0.5, "z": 1.0}, honest.mean(axis=0) - honest.std(axis=0, ddof=1)),
     ):
-        out = forge_byzantine_replies(contents, w, attack, byzantine, **kw)
+        out = forge_byzantine_replies(contents, w, OmniscientOracle(byzantine=frozenset(byzantine), values=attack, **kw))
         assert len(out) == len(contents)
         for i, (pid, new) in enumerate(zip([*updates, None], out, strict=True)):
             if pid in byzantine:
@@ -117,7 +122,7 @@ def test_oracle_replaces_only_the_byzantine_replies() -> None:
         for c, b in zip(contents, before, strict=True):  # the inputs are never modified
             np.testing.assert_array_equal(flat(c), b)
     with pytest.raises(ValueError, match="partition-id 2"):
-        forge_byzantine_replies([contents[0], contents[0]], w, "foe", byzantine, eps=1.0, z=None)
+        forge_byzantine_replies([contents[0], contents[0]], w, OmniscientOracle(frozenset(byzantine), "foe"))
 
 
 # ------------------------------------------------------------------ Flower's rules on a stub Grid (no engine)
@@ -130,15 +135,17 @@ class StubGrid:
 
 
 def stub_rounds(
-    strategy: FedREPSetupMixin, rounds: int, monkeypatch: pytest.MonkeyPatch
-) -> list[tuple[NDArray[np.float64], dict[int, NDArray[np.float64]], NDArray[np.float64], dict[str, float]]]:
-    """Run Flower's configure_train / aggregate_train with our clients answering; per round (w^t, partition id ->
-    the model its client sent, w^{t+1}, the round's diagnostics)."""
+    cfg: RunConfig, rounds: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FedREPLocalMixin, list[tuple[NDArray[np.float64], dict[int, NDArray[np.float64]], NDArray[np.float64],
+                                        dict[str, float]]]]:
+    """Run Flower's configure_train / aggregate_train with our clients answering; the strategy and, per round,
+    (w^t, partition id -> the model its client sent, w^{t+1}, the round's diagnostics)."""
     for attr in ("_run_id", "_node_id", "_task_id"):  # what the ServerApp runtime would set
         monkeypatch.setattr(TaskIdentity, attr, 0)
-    cfg = strategy.cfg
+    strategy = build_strategy(cfg, evaluate=False)
+    assert isinstance(strategy, FedREPLocalMixin)
     contexts = make_contexts(cfg)
-    arrays = ArrayRecord([strategy.x.astype(np.float32)])
+    arrays = strategy.current_arrays()
     out = []
     for rnd in range(1, rounds + 1):
         msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(), StubGrid(cfg.num_clients)))  # type: ignore[arg-type]
@@ -149,14 +156,14 @@ def stub_rounds(
         new, _ = strategy.aggregate_train(rnd, replies)
         assert new is not None
         out.append((w_t, sent, strategy.x.copy(), dict(strategy._acc["diag"])))
+        assert list(new) == list(arrays)  # the state dict's names come back
         arrays = new
-    return out
+    return strategy, out
 
 
 def test_trimmed_avg_with_beta_zero_is_fedrep_fedavg(monkeypatch: pytest.MonkeyPatch) -> None:
     """beta = 0 cuts nothing: Flower's mean of the models = FedREP's mean of the updates, same local algorithm."""
-    s = FlwrFedTrimmedAvg(cfg_of("flwr-fedtrimmedavg", **{"tmean-fraction": 0.0}))
-    stub_rounds(s, 2, monkeypatch)
+    s, _ = stub_rounds(cfg_of("flwr-fedtrimmedavg", **{"tmean-fraction": 0.0}), 2, monkeypatch)
     np.testing.assert_allclose(s.x, fedrep_fedavg(), rtol=0, atol=1e-6)
 
 
@@ -165,10 +172,8 @@ def test_each_rule_is_the_papers_rule_on_the_updates(alg: str, monkeypatch: pyte
     """Under FoE (eps = 10, 1 of 4 Byzantine): w^{t+1} = w^t - Agg(updates), with the forged update and Agg both
     computed here independently (float64) from the honest clients' models."""
     cfg = cfg_of(alg, **{**FOE, "tmean-fraction": 0.25})
-    s = ALGORITHMS[alg].strategy_cls()(cfg, None)
-    assert isinstance(s, FedREPSetupMixin)
     byz = attacks.byzantine_ids(4, 1, cfg.seed)
-    for w_t, sent, w_next, diag in stub_rounds(s, 2, monkeypatch):
+    for w_t, sent, w_next, diag in stub_rounds(cfg, 2, monkeypatch)[1]:
         pids = sorted(sent)
         honest = np.stack([w_t - sent[p] for p in pids if p not in byz])
         upd = np.stack([-10.0 * honest.mean(axis=0) if p in byz else w_t - sent[p] for p in pids])
@@ -192,8 +197,10 @@ def test_byzantine_bit_flip_client_returns_the_flipped_update() -> None:
     flip = cfg_of("flwr-fedmedian", **{"byzantine-clients": 1, "attack": "bit-flip"})
     honest = cfg_of("flwr-fedmedian")
     pid = attacks.byzantine_ids(4, 1, flip.seed)[0]
-    w = build_strategy(honest, evaluate=False).global_model().astype(np.float32)
-    content = RecordDict({"arrays": ArrayRecord([w]), "config": ConfigRecord({"server-round": 1})})
+    s = build_strategy(honest, evaluate=False)
+    w = s.global_model()
+    content = RecordDict({"arrays": s.current_arrays(), "config": ConfigRecord({"server-round": 1,
+                                                                                **s.local_config(1, 1.0)})})
     got = {}
     for name, cfg in (("flip", flip), ("honest", honest)):
         ctx = make_contexts(cfg)[pid]
@@ -201,7 +208,8 @@ def test_byzantine_bit_flip_client_returns_the_flipped_update() -> None:
         assert reply["metrics"]["partition-id"] == pid and reply["metrics"]["num-examples"] == 15000
         got[name] = flat(reply)
         assert "m" in ctx.state.array_records  # the momentum persists, as for FedREPClient
-    np.testing.assert_allclose(got["flip"], 2.0 * w.astype(np.float64) - got["honest"], rtol=0, atol=1e-6)
+        assert list(reply["arrays"]) == list(content["arrays"])  # the reply keeps the state dict's names
+    np.testing.assert_allclose(got["flip"], 2.0 * w - got["honest"], rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------ real Flower runs (`flwr run`)

@@ -24,7 +24,7 @@ from fedapp.localdata import ArrayData, TorchData, as_local_data
 from fedapp.models.torch_model import TorchModel
 from fedapp.privacy import Eq36Calibration
 from simulations.inprocess import run_clients
-from strategies.base import RoundFailed, arrays_of, client_error_text
+from strategies.base import RoundFailed, arrays_of, client_error_text, record_of
 from strategies.fedavg import FedAvg
 from strategies.fedpdm import BSDPFedPDM, DPFedPDM
 
@@ -86,9 +86,9 @@ def test_layout_keeps_zero_dimensional_entries_zero_dimensional() -> None:
     layout = ArrayLayout.of(state)
     back = layout.unflatten(layout.flatten(state) * 2, state)
     assert back["temperature"].shape == () and back["temperature"] == 3.0 and back["n"].shape == () and back["n"] == 7
-    from strategies.base import record_of
-
-    assert {k: v.numpy().shape for k, v in record_of(back).items()} == {"temperature": (), "w": (2, 2), "n": ()}
+    got = arrays_of(record_of(back))
+    assert {k: v.shape for k, v in got.items()} == {"temperature": (), "w": (2, 2), "n": ()}
+    assert ArrayLayout.of(got).fingerprint() == layout.fingerprint()  # server and client agree on the layout
 
 
 def test_layout_names_what_does_not_match() -> None:

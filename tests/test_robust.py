@@ -238,3 +238,28 @@ def test_registry_and_aggregate() -> None:
     assert aggregate("tmean", col([1.0, 2.0, 3.0]), trim_fraction=0.0)[0] == 2.0
     with pytest.raises(ValueError, match="unknown aggregator 'krum'"):
         aggregate("krum", b)
+
+
+def test_configured_callables_are_the_functions_with_their_settings() -> None:
+    """``agg = GeometricMedian(iters=5); agg(vectors)``: the same numbers as the functions (bit for bit)."""
+    from fedapp.robust import Aggregator, CenteredClipping, GeometricMedian, Mean, TrimmedMean
+
+    b = np.random.default_rng(7).normal(size=(9, 5))
+    b[0] += 40.0
+    for agg, expected in [
+        (Mean(), mean(b)),
+        (GeometricMedian(), geometric_median(b, 5)),
+        (GeometricMedian(iters=2, nu=0.1, init="median"), geometric_median(b, 2, 0.1, "median")),
+        (TrimmedMean(), trimmed_mean(b, 7 / 16)),
+        (TrimmedMean(0.25), trimmed_mean(b, 0.25)),
+        (CenteredClipping(), centered_clipping(b, 0.5, 5)),
+        (CenteredClipping(tau=2.0, iters=1), centered_clipping(b, 2.0, 1)),
+    ]:
+        assert isinstance(agg, Aggregator)
+        np.testing.assert_array_equal(agg(b), expected)
+    assert GeometricMedian(iters=5) == GeometricMedian() and hash(TrimmedMean()) == hash(TrimmedMean(7 / 16))
+    for bad, name in [(lambda: GeometricMedian(iters=0), "iters"), (lambda: GeometricMedian(nu=0.0), "nu"),
+                      (lambda: GeometricMedian(init="max"), "init"), (lambda: TrimmedMean(-0.1), "trim_fraction"),
+                      (lambda: CenteredClipping(tau=float("nan")), "tau"), (lambda: CenteredClipping(iters=True), "iters")]:
+        with pytest.raises(ValueError, match=name):
+            bad()

@@ -11,23 +11,47 @@ Federated Learning" (arXiv 2303.05206; spec ``shared/specs/fedrep.md``).
 
 * Error compensation (Alg. 2): g_k^t = u_k^t + (w^t - w_k^{t+1}); ConSpar keeps g on the agreed set I^t and
   u_k^{t+1} = g_k^t - g~_k^t (:mod:`fedapp.compression.conspar`).
-* Server step (Alg. 1 last line): w^{t+1} = w^t - G~^t, no server learning rate.
+* Server step (Alg. 1 last line): w^{t+1} = w^t - G~^t, no server learning rate; the model is float32 on both
+  ends, and :func:`model_crc` proves that a client's copy is the server's.
 * Data order (spec 11.13, our reading): per-client shuffled passes over the local data, one fresh seeded
   permutation per pass; the position is a single integer cursor kept in the client's state.
+
+The model is a user's torch module behind :class:`fedapp.models.torch_model.TorchModel` (trained in place over its
+trainable parameters; BatchNorm running statistics move with the forward passes and travel in w like every
+other floating-point entry, spec 11.2), the data anything with ``len(data)`` and ``data.batch(idx)``
+(:mod:`fedapp.localdata`).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedapp.models.base import FloatArray
-from fedapp.models.torch_net import TorchNet
+from fedapp.layout import ArrayLayout, FloatArray
+
+if TYPE_CHECKING:
+    from fedapp.localdata import LocalData
+    from fedapp.models.torch_model import TorchModel
+
+__all__ = [
+    "NORM_BUFFERS",
+    "LocalResult",
+    "learning_rate",
+    "local_momentum_sgd",
+    "model_crc",
+    "next_batch",
+    "server_step",
+    "trainable_count",
+]
+
+#: state-dict suffixes of torch's normalisation buffers (running statistics: in w, but not trained)
+NORM_BUFFERS = ("running_mean", "running_var")
 
 
 def next_batch(n: int, batch_size: int, cursor: int, permutation: Callable[[int], NDArray[np.int64]]) -> tuple[NDArray[np.int64], int]:
@@ -52,11 +76,10 @@ class LocalResult:
 
 
 def local_momentum_sgd(
-    net: TorchNet,
+    model: TorchModel,
     w0: FloatArray,
     momentum: NDArray[np.float32] | None,
-    features: NDArray[Any],
-    labels: NDArray[Any],
+    data: LocalData,
     *,
     lr: float,
     beta: float,
@@ -69,14 +92,14 @@ def local_momentum_sgd(
 
     Parameters
     ----------
-    net
-        The network (its module is overwritten with w0).
+    model
+        The network (:class:`TorchModel`; its module is overwritten with w0 and trained in place).
     w0
-        The global model w^t (flat, :class:`TorchNet` layout).
+        The global model w^t (flat, the model's state-dict layout).
     momentum
         m_k from the previous round over the trainable parameters; None means m = 0 (first round).
-    features, labels
-        The client's data.
+    data
+        The client's samples: ``len(data)`` and ``data.batch(idx) -> (inputs, targets)``.
     lr, beta
         eta and beta of Eq. (180); beta = 0 is plain local SGD (spec 3.2 a).
     steps, batch_size
@@ -84,16 +107,16 @@ def local_momentum_sgd(
     cursor, permutation
         Data order (see :func:`next_batch`).
     """
-    net.set_flat(w0)
-    m = torch.zeros(net.num_trainable) if momentum is None else torch.from_numpy(np.array(momentum, dtype=np.float32))
+    model.set_flat(w0)
+    m = torch.zeros(model.num_trainable) if momentum is None else torch.from_numpy(np.array(momentum, dtype=np.float32))
     losses = []
     for _ in range(steps):
-        idx, cursor = next_batch(len(labels), batch_size, cursor, permutation)
-        grad, loss = net.batch_gradient(features[idx], labels[idx])
+        idx, cursor = next_batch(len(data), batch_size, cursor, permutation)
+        grad, loss = model.batch_gradient(*data.batch(idx))
         m.mul_(beta).add_(grad, alpha=1.0 - beta)  # m = beta m + (1 - beta) grad
-        net.add_to_trainable(-lr * m)  # w = w - eta m
+        model.add_to_trainable(-lr * m)  # w = w - eta m
         losses.append(loss)
-    return LocalResult(w=net.get_flat(), momentum=m.numpy().astype(np.float32), cursor=cursor, loss=float(np.mean(losses)))
+    return LocalResult(w=model.get_flat(), momentum=m.numpy().astype(np.float32), cursor=cursor, loss=float(np.mean(losses)))
 
 
 def learning_rate(lr: float, server_round: int, decay_round: int, factor: float = 0.1) -> float:
@@ -111,51 +134,13 @@ def server_step(w: NDArray[np.float32], indices: NDArray[np.int64], update: Floa
     return out
 
 
-def _check_torch_setup(cfg: Any) -> None:
-    """Rules every FedREP-setup algorithm shares: a torch network, fewer Byzantine clients than clients."""
-    from fedapp.config import ConfigError
-    from fedapp.models.torch_net import TORCH_MODELS
-
-    if cfg.model not in TORCH_MODELS:
-        raise ConfigError(f"run config key 'model' is {cfg.model!r}; {cfg.algorithm} trains a torch network: "
-                          f"one of {', '.join(TORCH_MODELS)}")
-    if cfg.byzantine_clients >= cfg.num_clients:
-        raise ConfigError(f"run config key 'byzantine-clients' ({cfg.byzantine_clients}) must be below "
-                          f"'num-clients' ({cfg.num_clients})")
+def model_crc(w: NDArray[Any]) -> int:
+    """CRC-32 of the float32 model bytes: server and client compare it to prove they hold the same w."""
+    return zlib.crc32(np.ascontiguousarray(w, dtype=np.float32).tobytes())
 
 
-def validate_config(cfg: Any) -> None:
-    """FedREP's own run-config rules (raise ConfigError naming the key), checked before any round."""
-    from fedapp.config import ConfigError
-
-    _check_torch_setup(cfg)
-    if cfg.conspar_fraction > cfg.num_clients:
-        raise ConfigError(f"run config key 'conspar-fraction' ({cfg.conspar_fraction}) exceeds 'num-clients' "
-                          f"({cfg.num_clients}): K = m d (every client proposes all d coordinates) is the largest")
-    if cfg.algorithm in ("fedrep-fedavg", "sparse-secagg"):  # buffers / masking are fixed for these baselines
-        if cfg.algorithm == "sparse-secagg" and cfg.attack in ("alie", "foe"):
-            raise ConfigError(f"run config key 'attack' is {cfg.attack!r}: SparseSecAgg masks every upload, an "
-                              "omniscient attack cannot see the honest ones")
-        return
-    if cfg.num_clients % cfg.buffer_size:
-        raise ConfigError(f"run config key 'buffer-size' ({cfg.buffer_size}) must divide 'num-clients' "
-                          f"({cfg.num_clients}) (spec 11.6)")
-    if cfg.secagg_mode == "masked" and cfg.buffer_size < 2:
-        raise ConfigError("run config key 'secagg-mode' is 'masked' but 'buffer-size' is 1: a buffer of one client "
-                          "is its update in the clear; use secagg-mode=plain for s = 1")
-    if cfg.secagg_mode == "masked" and cfg.attack in ("alie", "foe"):
-        raise ConfigError(f"run config key 'attack' is {cfg.attack!r}, an omniscient attack that needs the honest "
-                          "clients' uploads: it can run only with secagg-mode=plain (masking hides them by design)")
-
-
-def validate_flower_robust(cfg: Any) -> None:
-    """Run-config rules of Flower's Krum / FedMedian / FedTrimmedAvg on the FedREP setup (``flwr-krum``,
-    ``flwr-fedmedian``, ``flwr-fedtrimmedavg``): a torch network, fewer Byzantine clients than clients, and no
-    coordinate attack (there is no proposal phase to attack). Every client trains every round; buffers, masking
-    and ConSpar do not exist here, so ALIE / FoE are always possible (the server sees each model in the clear)."""
-    from fedapp.config import ConfigError
-
-    _check_torch_setup(cfg)
-    if cfg.coord_attack != "none":
-        raise ConfigError(f"run config key 'coord-attack' is {cfg.coord_attack!r}, but {cfg.algorithm} has no "
-                          "coordinate proposals to attack: use coord-attack=none")
+def trainable_count(layout: ArrayLayout) -> int:
+    """The trainable entries of a model's flat vector: every floating-point entry except torch's normalisation
+    buffers (names ending in ``running_mean`` / ``running_var``). ConSpar's budget K is a fraction of this count
+    (the paper's d is ResNet-20's 269,722 trainable parameters; spec 11.2)."""
+    return sum(e.size for e in layout.entries if e.in_vector and not e.name.endswith(NORM_BUFFERS))

@@ -1,4 +1,4 @@
-"""Communication compression: sparsifiers (top-k, rand-k) and the compact wire codec for sparse vectors."""
+"""Communication compression: sparsifiers (top-k, rand-k, ConSpar) and the compact wire codec for sparse vectors."""
 
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from fedapp.compression.codec import (
         payload_nbytes as payload_nbytes,
     )
+    from fedapp.compression.conspar import (
+        ConSpar as ConSpar,
+    )
     from fedapp.compression.sparsify import (
         RandK as RandK,
     )
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     )
 
 __getattr__, __all__ = lazy_exports(__name__, {
+    "conspar": ["ConSpar"],
     "codec": ["MalformedPayload", "SparseVector", "decode_vector", "encode_dense", "encode_sparse", "payload_nbytes"],
     "sparsify": ["RandK", "TopK", "rand_k", "resolve_k", "top_k"],
 })

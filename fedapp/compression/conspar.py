@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,6 +26,7 @@ from numpy.typing import NDArray
 from fedapp.compression.sparsify import top_k
 
 __all__ = [
+    "ConSpar",
     "ProposalParts",
     "bits_bound",
     "compress",
@@ -94,6 +96,36 @@ def _check_index_set(idx: NDArray[Any], d: int, name: str) -> NDArray[np.int64]:
     if np.any(np.diff(out) <= 0):
         raise ValueError(f"{name} must be strictly ascending (sorted, no duplicates)")
     return out
+
+
+@dataclass(frozen=True)
+class ConSpar:
+    """ConSpar's settings as one constructor argument (Sec. 3.2): the budget K/d and the obfuscation alpha.
+
+    Parameters
+    ----------
+    fraction
+        K/d: the union of the m proposals holds at most K = fraction d coordinates, each client proposes
+        k = round(K/m) (:func:`k_per_client`, spec 11.1), d counting the trainable parameters. Default 0.05, the
+        paper's main setting (Sec. 5); at most m, where k = d (every client proposes all coordinates: SHARE).
+    alpha
+        Expected share of a client's k proposed coordinates replaced by uniform ones (r ~ Binomial(k, alpha),
+        :func:`propose`), in [0, 1]. Default 0, the paper's setting after its alpha study (Figs. 1, 3); alpha > 0
+        makes the proposal epsilon-DP with respect to the top-k set (Theorem 2, :func:`theorem2_epsilon`).
+    """
+
+    fraction: float = 0.05
+    alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        f = self.fraction
+        if isinstance(f, bool) or not isinstance(f, int | float) or not (math.isfinite(f) and f > 0):
+            raise ValueError(f"ConSpar fraction (K/d) must be a finite number > 0, got {f!r}")
+        _check_alpha(self.alpha)
+
+    def k(self, d: int, m: int) -> int:
+        """k = K/m per client for d trainable parameters and m clients (raises ValueError if fraction > m)."""
+        return k_per_client(self.fraction, d, m)
 
 
 # --- client, phase 1 -------------------------------------------------------------------------------------------
