@@ -26,14 +26,23 @@ from numpy.typing import NDArray
 __all__ = [
     "AGGREGATORS",
     "Aggregator",
+    "Bucketing",
     "CenteredClipping",
+    "CoordinateMedian",
     "GeometricMedian",
+    "Krum",
     "Mean",
+    "NearestNeighborMixing",
     "TrimmedMean",
     "aggregate",
+    "bucketing",
     "centered_clipping",
+    "coordinate_median",
     "geometric_median",
+    "krum_scores",
     "mean",
+    "multi_krum",
+    "nearest_neighbor_mixing",
     "norm_trimmed_mean",
     "trimmed_mean",
 ]
@@ -380,3 +389,143 @@ class CenteredClipping:
 
     def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
         return centered_clipping(vectors, self.tau, self.iters)
+
+
+# ------------------------------------------------------------------------------ more rules (issue 13: any strategy)
+
+
+def coordinate_median(b: NDArray[Any]) -> NDArray[np.float64]:
+    """Coordinate-wise median of the rows (Yin et al. 2018; numpy's: the mean of the middle two for even n)."""
+    return np.asarray(np.median(_rows(b), axis=0), dtype=np.float64)
+
+
+def _pairwise_sq_dists(arr: NDArray[np.float64]) -> NDArray[np.float64]:
+    """(n, n) squared Euclidean distances, computed by differences (no ||a||^2 + ||b||^2 - 2ab cancellation)."""
+    n = arr.shape[0]
+    out = np.zeros((n, n))
+    for i in range(n):
+        diff = arr - arr[i]
+        out[i] = np.einsum("ij,ij->i", diff, diff)
+    return out
+
+
+def krum_scores(b: NDArray[Any], f: int) -> NDArray[np.float64]:
+    """Krum's score of every row: the sum of its squared distances to its n - f - 2 nearest other rows (Blanchard
+    et al. 2017, Def. 1); at least 1 neighbour is used when n - f - 2 < 1."""
+    arr = _rows(b)
+    n = arr.shape[0]
+    if isinstance(f, bool) or not isinstance(f, int | np.integer) or not 0 <= f < n:
+        raise ValueError(f"f must be an integer in [0, n = {n}), got {f!r}")
+    d2 = _pairwise_sq_dists(arr)
+    np.fill_diagonal(d2, np.inf)
+    k = max(1, n - f - 2) if n > 1 else 0
+    return np.asarray(np.sort(d2, axis=1)[:, :k].sum(axis=1), dtype=np.float64)
+
+
+def multi_krum(b: NDArray[Any], f: int, m: int = 1) -> NDArray[np.float64]:
+    """Multi-Krum: the mean of the m rows with the lowest Krum scores (m = 1 is Krum; ties to the lower index)."""
+    arr = _rows(b)
+    if isinstance(m, bool) or not isinstance(m, int | np.integer) or not 1 <= m <= arr.shape[0]:
+        raise ValueError(f"m must be an integer in [1, n = {arr.shape[0]}], got {m!r}")
+    if arr.shape[0] == 1:
+        return np.array(arr[0], dtype=np.float64)
+    order = np.argsort(krum_scores(arr, f), kind="stable")
+    return _column_mean(arr[np.sort(order[:m])])
+
+
+def nearest_neighbor_mixing(b: NDArray[Any], f: int) -> NDArray[np.float64]:
+    """NNM (Allouah et al., "Fixing by Mixing", AISTATS 2023): each row replaced by the mean of its n - f nearest
+    rows, itself included (ties to the lower index). Returns the (n, d) mixed rows, to feed an aggregator."""
+    arr = _rows(b)
+    n = arr.shape[0]
+    if isinstance(f, bool) or not isinstance(f, int | np.integer) or not 0 <= f < n:
+        raise ValueError(f"f must be an integer in [0, n = {n}), got {f!r}")
+    d2 = _pairwise_sq_dists(arr)
+    near = np.argsort(d2, axis=1, kind="stable")[:, : n - f]
+    return np.stack([arr[idx].mean(axis=0) for idx in near])
+
+
+def bucketing(b: NDArray[Any], size: int, rng: np.random.Generator) -> NDArray[np.float64]:
+    """Bucketing (Karimireddy, He, Jaggi, ICLR 2022): a random permutation of the rows cut into ceil(n / s) buckets
+    of s consecutive rows (the last may be smaller), each replaced by its mean. Returns the bucket means."""
+    arr = _rows(b)
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise ValueError(f"bucket size must be an integer >= 1, got {size!r}")
+    perm = rng.permutation(arr.shape[0])
+    return np.stack([arr[perm[i:i + size]].mean(axis=0) for i in range(0, arr.shape[0], size)])
+
+
+@dataclass(frozen=True)
+class CoordinateMedian:
+    """The coordinate-wise median (:func:`coordinate_median`; Yin et al. 2018)."""
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        return coordinate_median(vectors)
+
+
+@dataclass(frozen=True)
+class Krum:
+    """Krum / Multi-Krum (:func:`multi_krum`; Blanchard et al. 2017): the mean of the ``m`` inputs closest to their
+    n - f - 2 nearest others. Its guarantee needs n > 2f + 2.
+
+    Parameters
+    ----------
+    f
+        Number of Byzantine inputs tolerated.
+    m
+        Inputs averaged (default 1: Krum).
+    """
+
+    f: int
+    m: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.f, bool) or not isinstance(self.f, int) or self.f < 0:
+            raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
+        _check_count("m", self.m)
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        return multi_krum(vectors, min(self.f, len(vectors) - 1), min(self.m, len(vectors)))
+
+
+@dataclass(frozen=True)
+class NearestNeighborMixing:
+    """The NNM pre-aggregator (:func:`nearest_neighbor_mixing`; Allouah et al. 2023): ``pre(vectors)`` returns the
+    mixed vectors, which any aggregator then combines.
+
+    Parameters
+    ----------
+    f
+        Number of Byzantine inputs tolerated: each input is mixed with its n - f nearest.
+    """
+
+    f: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.f, bool) or not isinstance(self.f, int) or self.f < 0:
+            raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
+
+    def __call__(self, vectors: NDArray[Any], rng: np.random.Generator | None = None) -> NDArray[np.float64]:
+        return nearest_neighbor_mixing(vectors, min(self.f, len(vectors) - 1))
+
+
+@dataclass(frozen=True)
+class Bucketing:
+    """The bucketing pre-aggregator (:func:`bucketing`; Karimireddy et al. 2022): ``pre(vectors, rng)`` returns the
+    means of random buckets of ``size`` inputs.
+
+    Parameters
+    ----------
+    size
+        Inputs per bucket (default 2; Karimireddy et al. take s with f s < n / 2, so that most buckets are honest).
+    """
+
+    size: int = 2
+
+    def __post_init__(self) -> None:
+        _check_count("size", self.size)
+
+    def __call__(self, vectors: NDArray[Any], rng: np.random.Generator | None = None) -> NDArray[np.float64]:
+        if rng is None:
+            raise ValueError("bucketing needs a random generator (the buckets must be unpredictable)")
+        return bucketing(vectors, self.size, rng)

@@ -443,3 +443,261 @@ def buffer_partition(
     shuffled = [ids[i] for i in rng.permutation(len(ids))]
     full = len(ids) - len(ids) % size
     return [shuffled[start : start + size] for start in range(0, full, size)], shuffled[full:]
+
+
+# --- the threshold protocol: authenticated keys, self-masks, dropout recovery (issue 18) -------------------------
+#
+# Per round and buffer (members sorted, size s, threshold t with 2t > s and t >= 2):
+#
+# 1. keys: each member makes a fresh key pair and signs (run label, round, its id, its public key) with its long-term
+#    Ed25519 identity; the server forwards the signed keys of the buffer-mates, and a member accepts only mates
+#    whose signature verifies against its own trust store (whoever writes the trust store decides who the peers are);
+# 2. masked input: y_i = q(x_i) + PRG(b_i) + sum_{j > i} PRG(s_ij) - sum_{j < i} PRG(s_ij) (mod 2^32), with b_i a
+#    fresh self-mask seed and s_ij the pairwise seed (ECDH + HKDF); b_i is Shamir-shared t-of-s among the members
+#    (its own share kept), each share encrypted for its holder (AES-GCM under the pairwise channel key);
+# 3. unmask: told which members survived, each survivor reveals, for every peer, EITHER its share of b_j (j
+#    survived) OR its pairwise seed s_ij (j dropped) -- never both, and only once per round. The server rebuilds
+#    b_i of every survivor from t shares and removes the masks of the dropped: it learns the survivors' sum.
+#
+# Why a survivor is never unmasked: its y_i still carries the pairwise masks with the other survivors, which nobody
+# reveals; with fewer than t (>= 2) survivors no self-mask can be rebuilt, and the buffer is discarded. A member told
+# "j dropped" reveals s_ij but never b_j's share, so a late upload of j stays behind PRG(b_j).
+
+_LABEL_RE_MAX = 256
+
+
+def round_label(run_label: str, server_round: int, buffer_id: int) -> bytes:
+    """The HKDF label of one buffer's masks, shares and channel keys in one round of one run."""
+    return f"fedapp-secagg|run={run_label}|round={int(server_round)}|buffer={int(buffer_id)}".encode()
+
+
+def signing_statement(run_label: bytes, server_round: int, client_id: int, public_key: bytes) -> bytes:
+    """What a member signs for one round's key: run label, round, its id and the public key, unambiguously framed."""
+    if not 0 < len(run_label) <= _LABEL_RE_MAX:
+        raise ValueError("the run label must be 1..256 bytes")
+    return b"fedapp-secagg-key-v1|" + b"|".join([
+        len(run_label).to_bytes(2, "big"), run_label, int(server_round).to_bytes(8, "big", signed=True),
+        int(client_id).to_bytes(8, "big", signed=True), len(public_key).to_bytes(4, "big"), public_key,
+    ])
+
+
+class NodeIdentity:
+    """A node's long-term Ed25519 signing key (its identity in every trust store that lists it).
+
+    Parameters
+    ----------
+    private_key
+        The Ed25519 private key; :meth:`generate` makes one, :meth:`load` reads one (PEM, PKCS8, unencrypted).
+    """
+
+    def __init__(self, private_key: Any) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        if not isinstance(private_key, Ed25519PrivateKey):
+            raise TypeError(f"a node identity is an Ed25519 private key, got {type(private_key).__name__}")
+        self._key = private_key
+
+    @classmethod
+    def generate(cls) -> NodeIdentity:
+        """A fresh identity (from the OS CSPRNG)."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def load(cls, path: str | Any) -> NodeIdentity:
+        """Read a PEM private key file (errors name the path, never the content)."""
+        from pathlib import Path
+
+        p = Path(path)
+        try:
+            key = serialization.load_pem_private_key(p.read_bytes(), password=None)
+        except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as err:
+            raise ValueError(f"cannot read a node identity from {str(p)!r}: {type(err).__name__}") from None
+        return cls(key)
+
+    def save(self, path: str | Any) -> None:
+        """Write the private key as PEM, readable by the owner only (0600)."""
+        import os
+        from pathlib import Path
+
+        p = Path(path)
+        data = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption())
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+
+    def public_bytes(self) -> bytes:
+        """The 32-byte raw public key (what a trust store lists)."""
+        return self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    def sign(self, data: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of ``data``."""
+        return bytes(self._key.sign(data))
+
+
+class TrustStore:
+    """The peers a node accepts: client id -> Ed25519 public key (32 raw bytes). A device keeps its own copy.
+
+    The file format is JSON ``{"<client id>": "<64 hex digits>", ...}``.
+    """
+
+    def __init__(self, keys: Mapping[int, bytes]) -> None:
+        self.keys: dict[int, bytes] = {}
+        for cid, key in keys.items():
+            if isinstance(cid, bool) or not isinstance(cid, int | np.integer) or len(bytes(key)) != 32:
+                raise ValueError("a trust store maps integer client ids to 32-byte Ed25519 public keys")
+            self.keys[int(cid)] = bytes(key)
+
+    @classmethod
+    def load(cls, path: str | Any) -> TrustStore:
+        """Read a trust store file (errors name the path and, for a bad entry, its key -- never the content)."""
+        import json
+        from pathlib import Path
+
+        p = Path(path)
+        try:
+            raw = json.loads(p.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read a trust store from {str(p)!r}: {type(err).__name__}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"trust store {str(p)!r} must be a JSON object of client id -> hex key")
+        keys = {}
+        for cid, hexkey in raw.items():
+            try:
+                keys[int(cid)] = bytes.fromhex(str(hexkey))
+            except ValueError:
+                raise ValueError(f"trust store {str(p)!r}: entry {cid!r} is not an integer id with a hex key") from None
+        return cls(keys)
+
+    def save(self, path: str | Any) -> None:
+        """Write the trust store as JSON."""
+        import json
+        from pathlib import Path
+
+        Path(path).write_text(json.dumps({str(k): v.hex() for k, v in sorted(self.keys.items())}, indent=1))
+
+    def verify(self, client_id: int, data: bytes, signature: bytes) -> None:
+        """Raise ValueError unless ``client_id`` is trusted and ``signature`` is its signature of ``data``."""
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        key = self.keys.get(int(client_id))
+        if key is None:
+            raise ValueError(f"client {client_id} is not in this device's trust store")
+        try:
+            Ed25519PublicKey.from_public_bytes(key).verify(bytes(signature), data)
+        except InvalidSignature:
+            raise ValueError(f"the key of client {client_id} is not signed by its trusted identity") from None
+
+
+def derive(key32: bytes, label: bytes, purpose: bytes) -> bytes:
+    """A 32-byte key for one purpose ("mask", "channel", "self") from a 32-byte secret and a round label (HKDF)."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label + b"|" + purpose).derive(key32)
+
+
+def encrypt_share(channel_key: bytes, share: bytes, aad: bytes) -> bytes:
+    """AES-256-GCM of a share under a pairwise channel key (12-byte random nonce prepended; ``aad`` authenticated)."""
+    import os
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(12)
+    return nonce + AESGCM(channel_key).encrypt(nonce, share, aad)
+
+
+def decrypt_share(channel_key: bytes, blob: bytes, aad: bytes) -> bytes:
+    """The share of :func:`encrypt_share` (ValueError if it was altered or is not for this pair and label)."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    if len(blob) < 12 + 16:
+        raise ValueError("an encrypted share is too short")
+    try:
+        return bytes(AESGCM(channel_key).decrypt(blob[:12], blob[12:], aad))
+    except InvalidTag:
+        raise ValueError("an encrypted share failed authentication") from None
+
+
+def split_secret(secret: bytes, threshold: int, count: int) -> list[bytes]:
+    """Shamir t-of-n shares of a 32-byte secret over GF(2^128), two 16-byte chunks (pycryptodome's Shamir): share i
+    (1-based) is ``i`` as one byte followed by its two 16-byte chunk shares."""
+    from Crypto.Protocol.SecretSharing import Shamir
+
+    if len(secret) != 32:
+        raise ValueError("the secret must be 32 bytes")
+    if not 2 <= threshold <= count <= 255:
+        raise ValueError(f"need 2 <= threshold <= count <= 255, got threshold {threshold}, count {count}")
+    halves = [Shamir.split(threshold, count, secret[i:i + 16], ssss=False) for i in (0, 16)]
+    return [bytes([idx]) + a + b for (idx, a), (_, b) in zip(halves[0], halves[1], strict=True)]
+
+
+def combine_secret(shares: Sequence[bytes]) -> bytes:
+    """The 32-byte secret from at least ``threshold`` shares of :func:`split_secret` (extra shares are ignored by
+    Lagrange interpolation at the given points; a wrong share gives a wrong secret, which the caller must detect)."""
+    from Crypto.Protocol.SecretSharing import Shamir
+
+    if not shares or any(len(s) != 33 for s in shares) or len({s[0] for s in shares}) != len(shares):
+        raise ValueError("shares must be distinct 33-byte shares of split_secret")
+    return b"".join(bytes(Shamir.combine([(s[0], s[1 + 16 * h:17 + 16 * h]) for s in shares], ssss=False))
+                    for h in (0, 1))
+
+
+def self_mask(seed: bytes, label: bytes, n: int) -> NDArray[np.uint32]:
+    """PRG(b_i): the self-mask of a member's upload."""
+    return expand_mask(derive(seed, label, b"self"), label, n)
+
+
+def threshold_masked_upload(
+    x: ArrayLike, me: int, private_key: bytes, peers: Mapping[int, bytes], label: bytes, self_seed: bytes,
+    rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS,
+) -> NDArray[np.uint32]:
+    """``q(x) + PRG(b) + sum_{j > me} PRG(s_j) - sum_{j < me} PRG(s_j)`` (mod 2^32), s_j = HKDF(ECDH, label, "mask")."""
+    if not peers:
+        raise ValueError("masking needs at least one buffer-mate")
+    values = np.asarray(x, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"x must be 1-D, got shape {values.shape}")
+    _check_capacity(len(peers) + 1, levels)
+    upload = quantize(values, rng, clip, levels)
+    upload += self_mask(self_seed, label, values.size)
+    for peer in sorted(peers):
+        seed = derive(pairwise_key(private_key, peers[peer]), label, b"mask")
+        mask = expand_mask(seed, label, values.size)
+        if peer > me:
+            upload += mask
+        else:
+            upload -= mask
+    return upload
+
+
+def pair_seed(private_key: bytes, peer_public: bytes, label: bytes) -> bytes:
+    """s_ij of :func:`threshold_masked_upload` (what a survivor reveals for a dropped peer j)."""
+    return derive(pairwise_key(private_key, peer_public), label, b"mask")
+
+
+def unmask_sum(
+    uploads: Mapping[int, NDArray[np.uint32]], self_seeds: Mapping[int, bytes],
+    revealed_pairs: Mapping[tuple[int, int], bytes], label: bytes,
+) -> NDArray[np.uint32]:
+    """The survivors' quantized sum: their uploads minus their self-masks, minus the masks they hold with dropped
+    members (``revealed_pairs[(survivor, dropped)]`` = s_ij as revealed by the survivor). Pairwise masks between
+    survivors cancel in the sum."""
+    survivors = sorted(uploads)
+    if len(survivors) < 2:
+        raise ValueError("never unmask fewer than 2 survivors: one upload alone is one member's vector")
+    n = uploads[survivors[0]].size
+    total = np.zeros(n, dtype=np.uint32)
+    for i in survivors:
+        total += uploads[i]
+        total -= self_mask(self_seeds[i], label, n)
+    for (i, j), seed in revealed_pairs.items():
+        if i not in uploads or j in uploads:
+            raise ValueError(f"a revealed pair ({i}, {j}) must join a survivor to a dropped member")
+        mask = expand_mask(seed, label, n)
+        if j > i:  # i added +PRG(s_ij): take it out
+            total -= mask
+        else:
+            total += mask
+    return total

@@ -30,6 +30,7 @@ the way out):
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping
@@ -47,9 +48,9 @@ from fedapp.compression.codec import MalformedPayload
 from fedapp.compression.codecs import Codec, codec_from_spec
 from fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
 from fedapp.wire import recorddict_nbytes
-from strategies.base import arrays_of
+from strategies.base import arrays_of, client_error_text
 
-__all__ = ["Compressed", "StrategyWrapper", "vector_crc"]
+__all__ = ["Compressed", "SecureBuffers", "StrategyWrapper", "vector_crc"]
 
 #: config keys of the compression protocol, downlink (clients/mods.py reads and writes the same)
 UPLINK, DOWNLINK, BASE_CRC, NEW_CRC = "compress.uplink", "compress.downlink", "compress.base-crc", "compress.crc"
@@ -344,3 +345,293 @@ class Compressed(StrategyWrapper):
         self._round_stats["compress.up_dense_bytes"] += recorddict_nbytes(dense)
         reply.content = dense  # the same reply (its metadata kept), now in the inner strategy's convention
         return reply
+
+
+# ------------------------------------------------------------------------------------------------ SecureBuffers
+#: the protocol's config keys (clients/mods.py reads the same); every message of the protocol is a TRAIN message, so
+#: a user's ClientApp needs no extra action registered: its secure_buffers_mod answers the key and unmask phases
+S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS, S_DROPPED = (
+    "secure.phase", "secure.run", "secure.round", "secure.buffer", "secure.members", "secure.threshold",
+    "secure.clip", "secure.levels", "secure.survivors", "secure.dropped",
+)
+#: the names of the protocol's ArrayRecord and (in key replies) ConfigRecord
+S_RECORD, S_INFO = "secure", "secure-info"
+
+
+class SecureBuffers(StrategyWrapper):
+    """Secure aggregation for any strategy: the server learns only the mean update of each buffer of clients.
+
+    Each round the sampled clients are split into random buffers of ``buffer_size`` (drawn from the OS CSPRNG, or
+    from ``seed`` when given: reproducible, and weaker, since a buffer assignment is then predictable). Inside a
+    buffer every member masks its update ``w_k - w`` with pairwise masks and a self-mask (the threshold protocol of
+    :mod:`fedapp.secagg`: Bonawitz et al. 2017 / SecAgg+ run per buffer, keys signed by the nodes' long-term
+    identities and checked against each device's own trust store). The inner strategy then sees one reply per
+    buffer: the model ``w + mean update of the buffer's survivors``, weighted by their number. A buffer keeps its
+    sum while at least ``threshold`` members survive; a survivor is never unmasked alone.
+
+    Exchanges per round: the masked train exchange and the unmask exchange (each survivor reveals, per peer, a
+    share of its self-mask seed or its pairwise seed, never both). The key exchange before them is needed in a
+    node's first round only: every unmask reply carries the node's signed key for the next round.
+
+    Client side: :func:`clients.mods.secure_buffers_mod` in the user's ClientApp (the user's train function is
+    unchanged; the mod answers the key and unmask phases itself, and in secure mode never sends an update in the
+    clear, whatever a message says).
+
+    Parameters
+    ----------
+    inner
+        The wrapped strategy (Flower's FedAvg convention), e.g. ``Robust(FedAvg(...), GeometricMedian())``:
+        robust aggregation over buffer means is FedREP's idea made general.
+    buffer_size
+        s, clients per buffer (default 4); the clients of a round are spread over floor(n / s) buffers of s or s + 1.
+        Devices refuse buffers below their own minimum (default 3).
+    threshold
+        t, survivors a buffer needs to be unmasked (default s // 2 + 1); 2t > s and t >= 2 (devices refuse less).
+    clip, levels
+        The fixed-point code of the masked updates (default: [-8, 8] in 2^22 levels, step 3.8e-6): an update
+        coordinate beyond +-clip is clipped.
+    seed
+        None (default): buffers from the OS CSPRNG. An integer: a reproducible, predictable assignment (weaker;
+        logged).
+    """
+
+    def __init__(self, inner: Strategy, buffer_size: int = 4, *, threshold: int | None = None, clip: float = 8.0,
+                 levels: int = 2**22, seed: int | None = None, timeout: float = 600.0) -> None:
+        from fedapp import secagg
+
+        super().__init__(inner)
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 2:
+            raise ValueError(f"buffer_size must be an integer >= 2, got {buffer_size!r}")
+        t = buffer_size // 2 + 1 if threshold is None else threshold
+        if isinstance(t, bool) or not isinstance(t, int) or not (2 <= t <= buffer_size and 2 * t > buffer_size):
+            raise ValueError(f"threshold must be an integer with 2 <= t <= s and 2t > s (s = {buffer_size}), got {t!r}")
+        if not (math.isfinite(clip) and clip > 0):
+            raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
+        secagg._check_capacity(2 * buffer_size, levels)
+        self.buffer_size, self.threshold, self.clip, self.levels = buffer_size, t, float(clip), int(levels)
+        self.timeout = float(timeout)
+        if seed is not None:
+            log(WARNING, "SecureBuffers(seed=%d): buffers are reproducible and predictable from the seed (weaker than "
+                "the default OS CSPRNG)", seed)
+        import secrets
+
+        self._buffer_rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
+        self.run_label = secrets.token_hex(16)
+        self.keys: dict[int, tuple[int, int, bytes, bytes]] = {}  # node -> (client id, round, public key, signature)
+        self._grid: Grid | None = None
+        self._round: dict[str, Any] = {}
+
+    def summary(self) -> None:
+        log(INFO, "SecureBuffers: s=%d t=%d clip=%g levels=%d", self.buffer_size, self.threshold, self.clip,
+            self.levels)
+        super().summary()
+
+    # ------------------------------------------------------------------ round: keys, buffers, masked train
+    def _exchange(self, server_round: int, contents: Mapping[int, RecordDict]) -> dict[int, Message]:
+        """Send ``contents`` (node -> content) as train messages; the non-error replies by node."""
+        assert self._grid is not None
+        msgs = [Message(c, dst_node_id=node, message_type="train", group_id=f"{server_round}-secure")
+                for node, c in contents.items()]
+        self._round_stats["secure.down_bytes"] = self._round_stats.get("secure.down_bytes", 0.0) + sum(
+            recorddict_nbytes(c) for c in contents.values())
+        got: dict[int, Message] = {}
+        for reply in self._grid.send_and_receive(msgs, timeout=self.timeout):
+            if not reply.has_error():
+                self._round_stats["secure.up_bytes"] = (self._round_stats.get("secure.up_bytes", 0.0)
+                                                        + recorddict_nbytes(reply.content))
+            got[reply.metadata.src_node_id] = reply
+        return got
+
+    def _keys_of(self, server_round: int, replies: Mapping[int, Message]) -> None:
+        """Keep each node's signed key for ``server_round`` (a malformed one is dropped with a warning)."""
+        from fedapp import secagg
+
+        for node, reply in replies.items():
+            if reply.has_error():
+                log(WARNING, "round %d: node %s gave no secure key: %s", server_round, node,
+                    client_error_text(str(reply.error.reason)))
+                continue
+            try:
+                rec = reply.content.array_records[S_RECORD]
+                pk, sig = rec["pk"].numpy(), rec["sig"].numpy()
+                cid = reply.content.config_records[S_INFO]["client-id"]
+                key_round = reply.content.config_records[S_INFO]["round"]
+                if pk.dtype != np.uint8 or sig.dtype != np.uint8 or sig.shape != (64,) or not 0 < pk.size <= 512:
+                    raise ValueError("a key is uint8 bytes and its signature 64 bytes")
+                secagg.check_public_key(pk.tobytes())
+                if not isinstance(cid, int) or isinstance(cid, bool) or key_round != server_round:
+                    raise ValueError(f"the key must be for round {server_round} from an integer client id")
+            except (KeyError, ValueError, TypeError) as err:
+                log(WARNING, "round %d: node %s sent a malformed secure key: %s", server_round, node, err)
+                continue
+            self.keys[node] = (int(cid), server_round, pk.tobytes(), sig.tobytes())
+
+    def _buffers(self, nodes: list[int]) -> list[list[int]]:
+        """floor(n / s) buffers of s or s + 1 nodes, from a fresh random permutation."""
+        order = [nodes[i] for i in self._buffer_rng.permutation(len(nodes))]
+        count = len(order) // self.buffer_size
+        return [order[i::count] for i in range(count)] if count else []
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        messages = {m.metadata.dst_node_id: m for m in super().configure_train(server_round, arrays, config, grid)}
+        self._grid = grid
+        self._round = {"round": server_round}
+        if not messages:
+            return []
+        first = next(iter(messages.values()))
+        key, record = next(iter(first.content.array_records.items()))
+        self._round.update({"key": key, "sent": self.layout.flatten(arrays_of(record)), "carried": {  # type: ignore[union-attr]
+            e.name: arrays_of(record)[e.name] for e in self.layout.entries if not e.in_vector}})  # type: ignore[union-attr]
+        stale = [n for n in messages if self.keys.get(n, (0, -1))[1] != server_round]
+        if stale:
+            ask = RecordDict({"config": ConfigRecord({S_PHASE: "keys", S_RUN: self.run_label, S_ROUND: server_round})})
+            self._keys_of(server_round, self._exchange(server_round, dict.fromkeys(stale, ask)))
+        ready = sorted(n for n in messages if self.keys.get(n, (0, -1))[1] == server_round)
+        buffers = self._buffers(ready)
+        if len(ready) < self.buffer_size:
+            log(WARNING, "round %d: %d node(s) with a key, fewer than one buffer of %d: nothing to aggregate",
+                server_round, len(ready), self.buffer_size)
+        self._round["buffers"] = buffers
+        out = []
+        for b, members in enumerate(buffers):
+            cids = [self.keys[n][0] for n in members]
+            if len(set(cids)) != len(cids):
+                log(WARNING, "round %d: two nodes of buffer %d claim one client id; the buffer is skipped", server_round, b)
+                continue
+            peers: dict[str, NDArray[Any]] = {}
+            for n in members:
+                cid, _, pk, sig = self.keys[n]
+                peers[f"pk.{cid}"] = np.frombuffer(pk, dtype=np.uint8).copy()
+                peers[f"sig.{cid}"] = np.frombuffer(sig, dtype=np.uint8).copy()
+            extra: dict[str, Any] = {S_PHASE: "mask", S_RUN: self.run_label, S_ROUND: server_round, S_BUFFER: b,
+                     S_MEMBERS: json.dumps(cids), S_THRESHOLD: self.threshold, S_CLIP: self.clip,
+                     S_LEVELS: self.levels}
+            for n in members:
+                msg = messages[n]
+                cfg = dict(msg.content.config_records.get("config", ConfigRecord()))
+                content = RecordDict({**dict(msg.content.items()), "config": ConfigRecord({**cfg, **extra}),
+                                      S_RECORD: _record(peers)})
+                self._round_stats["secure.down_bytes"] = (self._round_stats.get("secure.down_bytes", 0.0)
+                                                          + recorddict_nbytes(content))
+                out.append(Message(content, dst_node_id=n, message_type=msg.metadata.message_type,
+                                   group_id=msg.metadata.group_id))
+        return out
+
+    # ------------------------------------------------------------------ masked uploads -> buffer means
+    def _upload(self, reply: Message, members: list[int]) -> tuple[NDArray[np.uint32], dict[int, bytes], bytes]:
+        """The masked vector, the encrypted shares (by holder id) and the self-mask commitment of one reply."""
+        assert self.layout is not None
+        rec = reply.content.array_records[S_RECORD]
+        masked = rec["masked"].numpy()
+        if masked.dtype != np.uint32 or masked.shape != (self.layout.dim,):
+            raise MalformedPayload(f"a masked upload is uint32 of shape ({self.layout.dim},), got {masked.dtype} "
+                                   f"{masked.shape}")
+        me = self.keys[reply.metadata.src_node_id][0]
+        shares = {}
+        for cid in members:
+            if cid != me:
+                blob = rec[f"share.{cid}"].numpy()
+                if blob.dtype != np.uint8 or not 28 < blob.size <= 128:
+                    raise MalformedPayload("an encrypted share is 29..128 uint8 bytes")
+                shares[cid] = blob.tobytes()
+        commit = rec["commit"].numpy()
+        if commit.dtype != np.uint8 or commit.shape != (32,):
+            raise MalformedPayload("the self-mask commitment is 32 uint8 bytes")
+        return masked, shares, commit.tobytes()
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        from fedapp import secagg
+
+        by_node = {r.metadata.src_node_id: r for r in replies}
+        decoded: list[Message] = []
+        stats = {"secure.buffers": 0.0, "secure.buffers_discarded": 0.0, "secure.dropped": 0.0}
+        unmask_out: dict[int, RecordDict] = {}
+        plans = []
+        for b, members in enumerate(self._round.get("buffers", [])):
+            cids = {n: self.keys[n][0] for n in members}
+            uploads: dict[int, tuple[NDArray[np.uint32], dict[int, bytes], bytes]] = {}
+            for n in members:
+                reply = by_node.get(n)
+                if reply is None or reply.has_error():
+                    continue
+                self._round_stats["secure.up_bytes"] = (self._round_stats.get("secure.up_bytes", 0.0)
+                                                        + recorddict_nbytes(reply.content))
+                try:
+                    uploads[n] = self._upload(reply, list(cids.values()))
+                except (MalformedPayload, KeyError, ValueError, TypeError) as err:
+                    log(WARNING, "round %d: buffer %d: node %s sent a malformed upload: %s", server_round, b, n, err)
+            survivors = sorted(uploads)
+            stats["secure.dropped"] += len(members) - len(survivors)
+            if len(survivors) < self.threshold:
+                stats["secure.buffers_discarded"] += 1
+                log(WARNING, "round %d: buffer %d has %d survivor(s) of %d, below the threshold %d: discarded",
+                    server_round, b, len(survivors), len(members), self.threshold)
+                continue
+            surv_ids = [cids[n] for n in survivors]
+            dropped_ids = [cids[n] for n in members if n not in uploads]
+            for n in survivors:
+                me = cids[n]
+                shares = {f"share.{cids[m]}": np.frombuffer(uploads[m][1][me], dtype=np.uint8).copy()
+                          for m in survivors if m != n}
+                unmask_out[n] = RecordDict({
+                    "config": ConfigRecord({S_PHASE: "unmask", S_RUN: self.run_label, S_ROUND: server_round, S_BUFFER: b,
+                                            S_SURVIVORS: json.dumps(surv_ids), S_DROPPED: json.dumps(dropped_ids)}),
+                    S_RECORD: _record(shares) if shares else ArrayRecord()})
+            plans.append((b, members, cids, survivors, surv_ids, dropped_ids, uploads))
+        answers = self._exchange(server_round, unmask_out) if unmask_out else {}
+        self._keys_of(server_round + 1, {n: r for n, r in answers.items()
+                                         if not r.has_error() and "pk" in r.content.array_records.get(S_RECORD, {})})
+        for b, _members, cids, survivors, surv_ids, dropped_ids, uploads in plans:
+            try:
+                total = self._unmask(b, survivors, cids, surv_ids, dropped_ids, uploads, answers,
+                                     secagg.round_label(self.run_label, server_round, b))
+            except (MalformedPayload, KeyError, ValueError, TypeError) as err:
+                stats["secure.buffers_discarded"] += 1
+                log(WARNING, "round %d: buffer %d could not be unmasked and is discarded: %s", server_round, b, err)
+                continue
+            mean = secagg.dequantize(total, len(survivors), self.clip, self.levels)
+            assert self.layout is not None
+            model = self.layout.unflatten(self._round["sent"] + mean, self._round["carried"])
+            reply = by_node[survivors[0]]
+            reply.content = RecordDict({self._round["key"]: _record(model),
+                                        "metrics": MetricRecord({self.weight_key: len(survivors)})})
+            decoded.append(reply)
+            stats["secure.buffers"] += 1
+        self._round_stats.update(stats)
+        return super().aggregate_train(server_round, decoded)
+
+    def _unmask(self, b: int, survivors: list[int], cids: dict[int, int], surv_ids: list[int], dropped_ids: list[int],
+                uploads: Mapping[int, Any], answers: Mapping[int, Message], label: bytes) -> NDArray[np.uint32]:
+        """The survivors' quantized sum from the unmask answers (self-mask seeds rebuilt and checked against the
+        commitments, pairwise seeds of the dropped removed)."""
+        import hashlib
+
+        from fedapp import secagg
+
+        shares: dict[int, list[bytes]] = {cid: [] for cid in surv_ids}
+        pairs: dict[tuple[int, int], bytes] = {}
+        for n in survivors:
+            reply = answers.get(n)
+            if reply is None or reply.has_error():
+                why = "no answer" if reply is None else client_error_text(str(reply.error.reason))
+                raise ValueError(f"survivor {cids[n]} did not reveal its part ({why})")
+            rec = reply.content.array_records[S_RECORD]
+            for cid in surv_ids:
+                share = rec[f"bshare.{cid}"].numpy()
+                if share.dtype != np.uint8 or share.shape != (33,):
+                    raise MalformedPayload("a self-mask share is 33 uint8 bytes")
+                shares[cid].append(share.tobytes())
+            for j in dropped_ids:
+                pseed = rec[f"pseed.{j}"].numpy()
+                if pseed.dtype != np.uint8 or pseed.shape != (32,):
+                    raise MalformedPayload("a pairwise seed is 32 uint8 bytes")
+                pairs[(cids[n], j)] = pseed.tobytes()
+        seeds: dict[int, bytes] = {}
+        for n in survivors:
+            cid = cids[n]
+            seed = secagg.combine_secret(shares[cid])
+            if hashlib.sha256(seed).digest() != uploads[n][2]:
+                raise ValueError(f"the self-mask seed rebuilt for client {cid} does not match its commitment")
+            seeds[cid] = seed
+        by_cid = {cids[n]: uploads[n][0] for n in survivors}
+        return secagg.unmask_sum(by_cid, seeds, pairs, label)

@@ -12,62 +12,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
+from userapp import D, initial, loss, user_app
 
 from clients.mods import MEMORY, compress_mod
 from fedapp.compression.codecs import Quantizer, RandK, TopK, codec_from_spec
 from simulations.inprocess import LocalGrid
 from strategies.wrappers import Compressed, StrategyWrapper
-
-D = 500  # large enough that a payload outweighs the records' fixed serialization overhead (~1 kB per message)
-TRUE_W = np.linspace(-1.0, 1.0, D)
-
-
-def node_data(pid: int, n: int = 300) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(pid)
-    x = rng.normal(size=(n, D))
-    return x, x @ TRUE_W + 0.5 + 0.01 * rng.normal(size=n)
-
-
-def user_app(*, mods: list[Any] | None = None, poison: dict[int, str] | None = None) -> ClientApp:
-    """A user's ClientApp: 5 gradient steps of least squares on its own data (poison: a bad reply, for tests)."""
-    app = ClientApp(mods=mods or [])
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        rec = msg.content["arrays"]
-        w, b, steps = (rec[k].numpy().astype(np.float64) for k in ("w", "b", "steps"))
-        x, y = node_data(pid)
-        for _ in range(5):
-            r = x @ w + b[0] - y
-            w, b = w - 0.1 * x.T @ r / len(y), b - 0.1 * r.mean()
-        out = {"w": w.astype(np.float32), "b": b.astype(np.float32), "steps": np.array(steps + 5, np.int64)}
-        kind = (poison or {}).get(pid)
-        if kind == "nan":
-            out["w"][0] = np.nan
-        elif kind == "shape":
-            out["w"] = out["w"][:-1]
-        elif kind == "huge":
-            out["w"] = np.full(D, 3e38, np.float32)
-        metrics = {"num-examples": 1e300 if kind == "weight" else len(y)}
-        return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in out.items()}),
-                                   "metrics": MetricRecord(metrics)}), reply_to=msg)
-
-    return app
-
-
-def initial() -> ArrayRecord:
-    return ArrayRecord({"w": Array(np.zeros(D, np.float32)), "b": Array(np.zeros(1, np.float32)),
-                        "steps": Array(np.array(0, np.int64))})
-
-
-def loss(arrays: ArrayRecord) -> float:
-    x, y = node_data(99, 500)
-    w, b = arrays["w"].numpy(), arrays["b"].numpy()
-    return float(np.mean((x @ w + b[0] - y) ** 2))
 
 
 def run(strategy: Any, app: ClientApp, rounds: int = 6, nodes: int = 4) -> tuple[Any, LocalGrid]:
