@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
+from userapp import D, initial, loss, node_data, user_app
 
 from clients.mods import secure_buffers_mod
 from fedapp import secagg
 from simulations.inprocess import LocalGrid
 from strategies.wrappers import SecureBuffers
-from userapp import D, initial, loss, node_data, user_app
 
 N = 8
 IDENTITIES = [secagg.NodeIdentity.generate() for _ in range(N + 1)]  # the last one is nobody's peer
@@ -158,7 +158,7 @@ def test_a_node_in_secure_mode_refuses_what_the_protocol_does_not_allow() -> Non
     small = train({**base, "secure.members": "[0, 1]"})
     assert small.has_error() and "below this device's minimum of 3" in small.error.reason
     # a mate whose key is not signed by a trusted identity (the server substitutes its own key)
-    sk, pk = secagg.new_keypair()
+    _, pk = secagg.new_keypair()
     forged = {f"pk.{c}": np.frombuffer(pk, np.uint8).copy() for c in (1, 2)}
     forged.update({f"sig.{c}": np.frombuffer(IDENTITIES[N].sign(secagg.signing_statement(b"r", 1, c, pk)), np.uint8).copy()
                    for c in (1, 2)})
