@@ -50,7 +50,7 @@ from fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
 from fedapp.wire import recorddict_nbytes
 from strategies.base import arrays_of, client_error_text
 
-__all__ = ["Compressed", "SecureBuffers", "StrategyWrapper", "vector_crc"]
+__all__ = ["Compressed", "Robust", "SecureBuffers", "StrategyWrapper", "vector_crc"]
 
 #: config keys of the compression protocol, downlink (clients/mods.py reads and writes the same)
 UPLINK, DOWNLINK, BASE_CRC, NEW_CRC = "compress.uplink", "compress.downlink", "compress.base-crc", "compress.crc"
@@ -635,3 +635,83 @@ class SecureBuffers(StrategyWrapper):
             seeds[cid] = seed
         by_cid = {cids[n]: uploads[n][0] for n in survivors}
         return secagg.unmask_sum(by_cid, seeds, pairs, label)
+
+
+# ------------------------------------------------------------------------------------------------------ Robust
+class Robust(StrategyWrapper):
+    """Byzantine-robust aggregation for any strategy: the inner strategy gets the robust aggregate, not the mean.
+
+    Each reply's update ``w_k - w`` (against the model that was sent) becomes a row; an optional pre-aggregator
+    (:class:`fedapp.robust.NearestNeighborMixing`, :class:`fedapp.robust.Bucketing`) mixes the rows, and the
+    aggregator (:class:`fedapp.robust.GeometricMedian`, :class:`~fedapp.robust.CoordinateMedian`,
+    :class:`~fedapp.robust.TrimmedMean`, :class:`~fedapp.robust.Krum`, :class:`~fedapp.robust.CenteredClipping`,
+    or any callable ``(n, d) -> (d,)``) combines them into one update U. Every accepted reply then carries the
+    model ``w + U`` (the user's layout) and the inner strategy aggregates as it always does -- FedAvg's weighted
+    mean of identical models is that model, FedAdam / FedYogi take ``U`` as their pseudo-gradient -- so any
+    strategy's server optimizer stays in force. The rows are unweighted: a client's ``num-examples`` cannot be
+    checked, and weighting by it would let one client dominate.
+
+    Under :class:`SecureBuffers` (``SecureBuffers(Robust(inner, ...))``) the rows are the buffer means: robust
+    aggregation over secure buffer means, FedREP's idea made general. ``Robust(SecureBuffers(...))`` is refused:
+    outside the buffers there are only masked vectors, which no robust rule can compare.
+
+    Parameters
+    ----------
+    inner
+        The wrapped strategy (Flower's FedAvg convention).
+    aggregator
+        The robust rule, a callable ``rows -> aggregate``.
+    pre
+        An optional pre-aggregator, a callable ``(rows, rng) -> rows``.
+    seed
+        Seed of the pre-aggregator's randomness (bucketing); None draws from the OS.
+    """
+
+    def __init__(self, inner: Strategy, aggregator: Any, pre: Any = None, *, seed: int | None = None,
+                 max_weight: float | None = None) -> None:
+        if isinstance(inner, SecureBuffers):
+            raise TypeError("Robust(SecureBuffers(...)) cannot work: outside the buffers the updates are masked; "
+                            "use SecureBuffers(Robust(...)) to aggregate the buffer means robustly")
+        if not callable(aggregator):
+            raise TypeError(f"aggregator must be a callable rows -> aggregate, got {type(aggregator).__name__}")
+        if pre is not None and not callable(pre):
+            raise TypeError(f"pre must be a callable (rows, rng) -> rows, got {type(pre).__name__}")
+        super().__init__(inner, max_weight=max_weight)
+        self.aggregator, self.pre = aggregator, pre
+        self.rng = np.random.default_rng(seed)
+        self._sent: FloatArray | None = None  # the flat model of this round's train messages
+
+    def summary(self) -> None:
+        log(INFO, "Robust: aggregator=%s pre=%s", self.aggregator, self.pre)
+        super().summary()
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        if messages:
+            assert self.layout is not None
+            self._sent = self.layout.flatten(arrays_of(next(iter(messages[0].content.array_records.values()))))
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        kept = self.screen(server_round, replies)
+        # rows in node order: the replies arrive in any order, and a seeded pre-aggregator must see the same rows
+        ok = sorted((r for r in kept if not r.has_error()), key=lambda r: r.metadata.src_node_id)
+        if ok and self.layout is not None and self._sent is not None:
+            named = [arrays_of(next(iter(r.content.array_records.values()))) for r in ok]
+            rows = np.stack([self.layout.flatten(a) - self._sent for a in named])
+            mixed = self.pre(rows, self.rng) if self.pre is not None else rows
+            update = np.asarray(self.aggregator(mixed), dtype=np.float64)
+            if update.shape != (self.layout.dim,) or not np.all(np.isfinite(update)):
+                raise ValueError(f"the aggregator returned {update.shape}, expected a finite ({self.layout.dim},)")
+            # entries outside the vector (integer counters such as BatchNorm's num_batches_tracked): their
+            # element-wise median over the replies, which a minority cannot move out of the honest range
+            carried = {e.name: np.rint(np.median(np.stack([a[e.name] for a in named]).astype(np.float64), axis=0))
+                       for e in self.layout.entries if not e.in_vector}
+            model = _record(self.layout.unflatten(self._sent + update, carried))
+            for r in ok:  # the same robust model in every reply; the metrics stay the clients'
+                key = next(iter(r.content.array_records))
+                r.content = RecordDict({**{k: v for k, v in r.content.items() if k != key}, key: model})
+            self._round_stats.update({"robust.inputs": float(len(ok)), "robust.update_norm": float(np.linalg.norm(update)),
+                                      "robust.mean_update_norm": float(np.linalg.norm(rows.mean(axis=0)))})
+        arrays, metrics = self.inner.aggregate_train(server_round, kept)
+        return self.restore_dtypes(arrays), _merge_metrics(metrics, self._round_stats)

@@ -2,7 +2,8 @@
 
 An ``@app.train()`` function trains the user's own numpy linear regression for 5 gradient steps and replies with
 its arrays (a float32 weight, a float32 bias and an int64 step counter) and ``num-examples``. ``poison`` makes a
-node reply badly (for the screening tests) or go offline (``"offline"``, for the dropout tests).
+node reply badly (for the screening tests), attack (``"reverse"``, a well-formed reversed and scaled update, for
+the robustness tests) or go offline (``"offline"``, for the dropout tests).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def user_app(*, mods: list[Any] | None = None, poison: dict[int, str] | None = N
             out["w"] = out["w"][:-1]
         elif kind == "huge":
             out["w"] = np.full(D, 3e38, np.float32)
+        elif kind == "reverse":  # a Byzantine node: its honest update, reversed and scaled by 5 (well-formed)
+            w0, b0 = (rec[k].numpy().astype(np.float64) for k in ("w", "b"))
+            out["w"] = (w0 - 5.0 * (w - w0)).astype(np.float32)
+            out["b"] = (b0 - 5.0 * (b - b0)).astype(np.float32)
         metrics = {"num-examples": 1e300 if kind == "weight" else len(y)}
         return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in out.items()}),
                                    "metrics": MetricRecord(metrics)}), reply_to=msg)
