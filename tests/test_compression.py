@@ -135,28 +135,40 @@ def _random_sparse(dim: int, k: int, seed: int) -> SparseVector:
     return SparseVector(indices=idx, values=rng.normal(size=k), dim=dim)
 
 
+def rice_reference(indices: NDArray[Any], dim: int) -> bytes:
+    """Golomb-Rice code of the gaps written out bit by bit as strings (the textbook definition): the b-bit
+    remainders MSB first, byte-padded, then per gap q ones and a zero, byte-padded; b = round(log2(mu ln 2))."""
+    k = len(indices)
+    b = max(0, round(np.log2((dim - k) / k * np.log(2)))) if 0 < k < dim else 0
+    gaps = [int(i) - int(j) - 1 for i, j in zip(indices, [-1, *indices[:-1]], strict=True)]
+    rem = "".join(format(g % 2**b, f"0{b}b") if b else "" for g in gaps)
+    una = "".join("1" * (g // 2**b) + "0" for g in gaps)
+
+    def pack(bits: str) -> bytes:
+        bits += "0" * (-len(bits) % 8)
+        return bytes(int(bits[i:i + 8], 2) for i in range(0, len(bits), 8))
+
+    return pack(rem) + pack(una)
+
+
 @pytest.mark.parametrize(
-    ("dim", "k", "form", "dtype"),
-    [
-        (7850, 785, "mask", np.uint8),  # uint16 idx 1570 B > mask 982 B
-        (7850, 10, "idx", np.uint16),  # 20 B < 982 B
-        (7850, 7850, "mask", np.uint8),
-        (162, 8, "idx", np.uint8),  # 8 B < 21 B
-        (162, 81, "mask", np.uint8),
-        (256, 5, "idx", np.uint8),  # dim - 1 = 255 fits uint8
-        (257, 5, "idx", np.uint16),
-        (70_000, 3, "idx", np.uint32),
-    ],
+    ("dim", "k"),
+    [(7850, 785), (7850, 10), (7850, 7850), (162, 8), (162, 81), (256, 5), (257, 5), (70_000, 3), (100_000, 10_000),
+     (13, 13), (1000, 999)],
 )
-def test_sparse_round_trip_and_smaller_encoding(dim: int, k: int, form: str, dtype: Any) -> None:
+def test_sparse_round_trip_in_the_smallest_index_form(dim: int, k: int) -> None:
     sv = _random_sparse(dim, k, seed=dim + k)
     payload = encode_sparse(sv)
+    idx_dtype = np.uint8 if dim <= 256 else np.uint16 if dim <= 65536 else np.uint32
+    rice = rice_reference(sv.indices, dim)
+    sizes = {"idx": k * np.dtype(idx_dtype).itemsize, "mask": (dim + 7) // 8, "rice": len(rice)}
+    form = min(sizes, key=lambda f: sizes[f])  # ties: idx, then mask
     assert set(payload) == {"val", form}
     assert payload["val"].dtype == np.float32
-    assert payload[form].dtype == dtype
-    idx_bytes = k * np.dtype(np.uint8 if dim <= 256 else np.uint16 if dim <= 65536 else np.uint32).itemsize
-    mask_bytes = (dim + 7) // 8
-    assert payload_nbytes(payload) == 4 * k + min(idx_bytes, mask_bytes)
+    assert payload[form].dtype == (idx_dtype if form == "idx" else np.uint8)
+    if form == "rice":
+        assert payload["rice"].tobytes() == rice
+    assert payload_nbytes(payload) == 4 * k + sizes[form]
     back = decode_vector(payload, dim, max_k=k)
     assert np.array_equal(back.indices, sv.indices)
     assert np.array_equal(back.values, sv.values.astype(np.float32).astype(np.float64))
@@ -164,10 +176,19 @@ def test_sparse_round_trip_and_smaller_encoding(dim: int, k: int, form: str, dty
 
 
 def test_spec_example_bytes() -> None:
-    sv = _random_sparse(7850, 785, seed=0)
-    assert payload_nbytes(encode_sparse(sv)) == 785 * 4 + 982
-    sv = _random_sparse(7850, 10, seed=0)
-    assert payload_nbytes(encode_sparse(sv)) == 10 * 4 + 10 * 2
+    sv = _random_sparse(7850, 785, seed=0)  # top 10 %: uint16 1570 B, mask 982 B, Rice less
+    n = payload_nbytes(encode_sparse(sv))
+    assert n == 785 * 4 + len(rice_reference(sv.indices, 7850)) and n < 785 * 4 + 982
+    sv = _random_sparse(7850, 10, seed=0)  # uint16 20 B, Rice 15 B
+    assert payload_nbytes(encode_sparse(sv)) == 10 * 4 + 15 == 10 * 4 + len(rice_reference(sv.indices, 7850))
+
+
+def test_top_ten_percent_costs_at_most_an_eighth_of_dense() -> None:
+    # the values' float32 alone are 0.1 of dense; a uint16 index list would add 0.05, a bitmask 0.031
+    d = 100_000
+    v = np.random.default_rng(0).standard_t(3, size=d)
+    payload = encode_sparse(SparseVector.from_dense(v, top_k(v, d // 10)))
+    assert payload_nbytes(payload) <= 0.125 * 4 * d
 
 
 def test_sparse_zero_values_survive() -> None:
@@ -258,7 +279,24 @@ MALFORMED: list[tuple[str, dict[str, Any], int, int | None, str]] = [
     ("oversized mask", {"val": _val(1, 2, 3), "mask": _mask(10, [1, 2, 3])}, 10, 2, "oversized"),
     ("oversized dense", {"dense": _val(*range(10))}, 10, 5, "oversized"),
     ("dense length", {"dense": _val(*range(9))}, 10, None, "dense' length"),
+    # dim 1000, k 2 -> b = 8; indices [3, 700] code as remainders [3, 184] and unary "0" "110": [3, 184, 0b01100000]
+    ("rice dtype", {"val": _val(1, 2), "rice": np.array([3, 184, 96], np.int16)}, 1000, None, "dtype"),
+    ("rice trailing byte", {"val": _val(1, 2), "rice": np.array([3, 184, 96, 0], np.uint8)}, 1000, None, "length"),
+    ("rice no remainders", {"val": _val(1, 2), "rice": np.array([3], np.uint8)}, 1000, None, "length"),
+    ("rice few codes", {"val": _val(1, 2), "rice": np.array([3, 184, 255], np.uint8)}, 1000, None, "unary codes"),
+    ("rice unary padding", {"val": _val(1, 2), "rice": np.array([3, 184, 0b01100001], np.uint8)}, 1000, None,
+     "padding"),
+    ("rice out of range", {"val": _val(1, 2), "rice": np.array([255, 0, 0b11100000], np.uint8)}, 1000, None,
+     "out of range"),
+    ("rice remainder padding", {"val": _val(1), "rice": np.array([0, 1, 0], np.uint8)}, 1000, None, "padding"),
+    ("rice only", {"rice": np.array([0], np.uint8)}, 10, None, "missing"),
+    ("oversized rice", {"val": _val(1, 2, 3), "rice": np.array([0], np.uint8)}, 10, 2, "oversized"),
 ]
+
+
+def test_the_rice_example_of_the_malformed_table_is_valid() -> None:
+    back = decode_vector({"val": _val(1, 2), "rice": np.array([3, 184, 96], np.uint8)}, 1000)
+    assert back.indices.tolist() == [3, 700]
 
 
 @pytest.mark.parametrize(
