@@ -466,7 +466,8 @@ class CoordinateMedian:
 @dataclass(frozen=True)
 class Krum:
     """Krum / Multi-Krum (:func:`multi_krum`; Blanchard et al. 2017): the mean of the ``m`` inputs closest to their
-    n - f - 2 nearest others. Its guarantee needs n > 2f + 2.
+    n - f - 2 nearest others. Its guarantee needs n > 2f + 2. ByzFL's ``Krum(f)`` counts n - f - 1 neighbours: it is
+    our ``Krum(f - 1)``, and its ``MultiKrum(f)`` our ``Krum(f - 1, m=n - f)`` (tests/test_byzfl_crosscheck.py).
 
     Parameters
     ----------
