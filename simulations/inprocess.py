@@ -40,7 +40,7 @@ def run_rounds(strategy: Any, contexts: dict[int, Context], rounds: int, *, star
         pre = strategy.pre_train_contents(rnd)
         if pre:
             strategy.consume_pre_train(rnd, [_answer(mtype, node, content, contexts) for node, mtype, content in pre])
-        replies = [_answer("train", node, content, contexts) for node, content in strategy.train_contents(rnd)]
+        replies = [_answer("train", node, content, contexts) for node, content in strategy.checked_train_contents(rnd)]
         strategy.consume_replies(rnd, replies)
         strategy.evaluate_round(rnd)
 
@@ -96,7 +96,7 @@ def run_clients(
         pre = strategy.pre_train_contents(rnd)
         if pre:
             strategy.consume_pre_train(rnd, [answer(mtype, node, content) for node, mtype, content in pre])
-        strategy.consume_replies(rnd, [answer("train", node, content) for node, content in strategy.train_contents(rnd)])
+        strategy.consume_replies(rnd, [answer("train", node, content) for node, content in strategy.checked_train_contents(rnd)])
         strategy.evaluate_round(rnd)
     return strategy, contexts
 

@@ -187,6 +187,9 @@ class RoundBookkeeping:
     privacy_label = "eps"
     #: client metric keys holding cumulative privacy figures; reduced as max over clients of the latest value
     PRIVACY_KEYS: tuple[str, ...] = ()
+    #: (client metric key, accountant name) of the rigorous cumulative epsilon the clients report, which
+    #: :meth:`privacy_spent` returns when no server-side accountant is set; None: the headline figure
+    RIGOROUS_PRIVACY: tuple[str, str] | None = None
 
     def init_bookkeeping(self, *, eval_every: int = 1) -> None:
         """Empty history, privacy table and per-round accumulators."""
@@ -201,6 +204,96 @@ class RoundBookkeeping:
         self._acc: dict[str, Any] = {}
         self._unanswered_rounds = 0  # consecutive rounds without an accepted reply
         self._unanswered_errors: Counter[str] = Counter()
+        self.accountant_factory: Callable[[], Any] | None = None
+        self.client_accountants: dict[int, Any] = {}  # client id -> its accountant (server's mirror of its ledger)
+        self._last_event: dict[int, Any] = {}  # client id -> its last release, to forecast the next one
+
+    def set_accountant(self, accountant: Callable[[], Any] | None) -> None:
+        """Account each client's releases on the server with Flower's privacy protocol.
+
+        ``accountant`` makes one :class:`flwr.supercore.privacy_accounting.PrivacyAccountant` per client (each
+        client's data is its own privacy unit), e.g. ``lambda: GdpAccountant(no_amplification(1e-5, N, max_epsilon=8))``
+        from :mod:`fedapp.privacy.protocol`, or Flower's ``RdpAccountant``. Each accepted reply's release (its noise
+        multiplier ``sigma / sensitivity``) is composed into its client's accountant; before a round is sent, a
+        sampled client whose next release -- forecast as its last one -- would pass ``config.max_epsilon`` stops
+        the run with Flower's ``PrivacyBudgetExhausted``. The sampling model must be no-amplification: the server
+        knows who takes part. The device's own floor (``max_epsilon`` of the client) still has the last word.
+        """
+        if accountant is None:
+            self.accountant_factory = None
+            return
+        if not callable(accountant):
+            raise TypeError(f"accountant must be a zero-argument callable making one accountant per client, got "
+                            f"{type(accountant).__name__}")
+        probe = accountant()
+        for attr in ("compose", "would_exceed", "get_privacy_spent", "config"):
+            if not hasattr(probe, attr):
+                raise TypeError(f"accountant() made a {type(probe).__name__}, which has no {attr!r}: not a Flower "
+                                "PrivacyAccountant")
+        from flwr.supercore.privacy_accounting import SamplingMethod
+
+        if probe.config.sampling_method is not SamplingMethod.NO_AMPLIFICATION or probe.num_releases:
+            raise ValueError("the per-client accountant must be fresh and use sampling_method='no-amplification' "
+                             "(the server knows which clients take part; sampling hides nothing from it)")
+        self.accountant_factory = accountant
+
+    def account_release(self, client: int, metrics: Mapping[str, Any], sampled: int) -> None:
+        """Compose one accepted release of ``client`` into its accountant (its ``sigma`` / ``sensitivity``)."""
+        if self.accountant_factory is None:
+            return
+        sigma, sens = metrics.get("sigma"), metrics.get("sensitivity")
+        if not (isinstance(sigma, int | float) and isinstance(sens, int | float) and sigma > 0 and sens > 0):
+            return
+        from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+
+        acc = self.client_accountants.get(client)
+        if acc is None:
+            acc = self.client_accountants[client] = self.accountant_factory()
+        pop = acc.config.population_size
+        event = GaussianPrivacyEvent(noise_multiplier=float(sigma) / float(sens),
+                                     sample_size=max(1, min(sampled, pop)), population_size=pop)
+        acc.compose(event)
+        self._last_event[client] = event
+
+    def check_privacy_budget(self, server_round: int, clients: Iterable[int]) -> None:
+        """Raise ``PrivacyBudgetExhausted`` before sending if a sampled client's next release would pass its budget."""
+        for cid in clients:
+            acc, event = self.client_accountants.get(cid), self._last_event.get(cid)
+            if acc is None or event is None or acc.config.max_epsilon is None or not acc.would_exceed(event):
+                continue
+            from flwr.serverapp.exception import PrivacyBudgetExhausted
+
+            spent = acc.get_privacy_spent()
+            raise PrivacyBudgetExhausted(
+                f"round {server_round}: client {cid}'s next release would exceed max_epsilon = "
+                f"{acc.config.max_epsilon} (spent: epsilon = {spent.epsilon:.6g} at delta = {spent.delta:g} after "
+                f"{spent.num_releases} releases, {spent.accounting_method})")
+
+    def privacy_spent(self) -> Any:
+        """Flower's privacy protocol: the cumulative :class:`~flwr.supercore.privacy_accounting.PrivacySpent` of the
+        worst client so far, or None without DP.
+
+        From the server's per-client accountants when set (:meth:`set_accountant`); otherwise the rigorous figure
+        the clients report (``RIGOROUS_PRIVACY``), else the strategy's headline figure (``privacy_label``).
+        """
+        from flwr.supercore.privacy_accounting import PrivacySpent
+
+        if self.client_accountants:
+            spent = [a.get_privacy_spent() for a in self.client_accountants.values()]
+            worst = max(spent, key=lambda s: s.epsilon)
+            return PrivacySpent(epsilon=worst.epsilon, delta=worst.delta, num_releases=worst.num_releases,
+                                accounting_method=f"{worst.accounting_method}, worst client",
+                                optimal_order=worst.optimal_order)
+        priv = self.privacy_summary()
+        eps, delta = self.headline_privacy(priv)
+        method = f"{self.privacy_label}, worst client"
+        if self.RIGOROUS_PRIVACY is not None and self.RIGOROUS_PRIVACY[0] in priv and delta is not None:
+            eps, method = priv[self.RIGOROUS_PRIVACY[0]], f"{self.RIGOROUS_PRIVACY[1]}, worst client"
+        if eps is None or delta is None:
+            return None
+        releases = max((int(p.get("participations", 0)) for p in self.client_privacy.values()), default=0)
+        return PrivacySpent(epsilon=float(eps), delta=float(delta), num_releases=releases or len(self.history),
+                            accounting_method=method)
 
     #: consecutive rounds without an accepted reply tolerated before the run stops (DP-RECAL retries the holder once)
     retries_without_reply = 0
@@ -260,9 +353,11 @@ class RoundBookkeeping:
 
     def record_privacy(self, client: int, metrics: Mapping[str, Any]) -> None:
         """Keep a client's latest cumulative privacy figures (clients not sampled keep theirs)."""
-        priv = {k: float(v) for k in self.PRIVACY_KEYS if isinstance(v := metrics.get(k), int | float)}
+        priv = {k: float(v) for k in (*self.PRIVACY_KEYS, "participations")
+                if isinstance(v := metrics.get(k), int | float)}
         if priv:
             self.client_privacy[client] = priv
+        self.account_release(client, metrics, int(self._acc.get("sent", 1)))
 
     def privacy_summary(self) -> dict[str, float]:
         """Worst client (max) of each accountant's cumulative epsilon so far."""
@@ -664,10 +759,14 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             self.consume_pre_train(server_round, [
                 (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in got
             ])
-        return [
-            Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
-            for node, content in self.train_contents(server_round)
-        ]
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
+                for node, content in self.checked_train_contents(server_round)]
+
+    def checked_train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
+        """:meth:`train_contents` after the privacy budget check (both drivers send these)."""
+        contents = list(self.train_contents(server_round))
+        self.check_privacy_budget(server_round, [self.pid_of[node] for node, _ in contents if node in self.pid_of])
+        return contents
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Decode and aggregate; returns the global model in the user's layout and the round's diagnostics."""

@@ -53,17 +53,23 @@ class BroadcastStrategy(FederatedStrategy):
         ``TopK(alpha_D)`` to broadcast only top_k'(x) (eq. 27), or None (dense).
     privacy
         :class:`fedapp.privacy.gaussian.Eq36Calibration` for the paper's Gaussian mechanism, or None (no noise).
+    accountant
+        Server-side accounting of each client's releases with Flower's privacy protocol, with a budget that stops
+        the run before a release would pass it (:meth:`~strategies.base.RoundBookkeeping.set_accountant`); None
+        (default): :meth:`privacy_spent` reports the RDP figure of the clients' own ledgers.
     **federation
         :class:`strategies.base.FederatedStrategy`'s arguments (fraction_train, min_available_nodes, seed, ...).
     """
 
     PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
+    RIGOROUS_PRIVACY = ("eps_rdp", "rdp (device ledgers)")
     privacy_label = "eps(36)"
 
     def __init__(self, *, eta0: float = 0.04, max_local_steps: int = 10, batch_size: int | None = None,
                  uplink: TopK | None = None, downlink: TopK | None = None, privacy: Eq36Calibration | None = None,
-                 **federation: Any) -> None:
+                 accountant: Any = None, **federation: Any) -> None:
         super().__init__(**federation)
+        self.set_accountant(accountant)
         if not (isinstance(eta0, int | float) and eta0 > 0 and np.isfinite(eta0)):
             raise ValueError(f"eta0 must be a finite number > 0, got {eta0!r}")
         for name, v in (("max_local_steps", max_local_steps), ("batch_size", batch_size)):

@@ -390,6 +390,12 @@ class DPQDSGD(SyncRouter):
         """The worst node's ledger (cumulative eps, delta_hat) after the last round; empty without noise."""
         return dict(self.node_privacy)
 
+    def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
+        """Theorem 1's (eps, delta_hat) of the worst node's ledger; None without noise."""
+        if "dpq_eps" in priv and "dpq_delta_hat" in priv:
+            return float(priv["dpq_eps"]), float(priv["dpq_delta_hat"])
+        return None, None
+
     def evaluate_round(self, server_round: int) -> RoundRecord:
         """The round's record: bytes and bits, the worst node's privacy, the nodes' evaluation and ``evaluate_fn`` on
         the node-average model uploaded this round (module docstring)."""

@@ -65,6 +65,9 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         l1 subgradient weight (default 0.0).
     privacy
         The paper's Gaussian calibration (:class:`fedapp.privacy.gaussian.Eq36Calibration`) or None.
+    accountant
+        Server-side accounting of each client's releases with Flower's privacy protocol and a budget
+        (:meth:`~strategies.base.RoundBookkeeping.set_accountant`); None (default) reports the clients' own figures.
     eval_every
         Central evaluation every this many rounds (default 1).
     **flower
@@ -73,12 +76,14 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
     """
 
     PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
+    RIGOROUS_PRIVACY = ("eps_rdp", "rdp (device ledgers)")
     privacy_label = "eps(36)"
 
     def __init__(self, *, eta0: float = 0.04, max_local_steps: int = 10, batch_size: int | None = None,
                  gamma: float = 0.0, privacy: Eq36Calibration | None = None, eval_every: int = 1,
-                 **flower: Any) -> None:
+                 accountant: Any = None, **flower: Any) -> None:
         self.init_bookkeeping(eval_every=eval_every)
+        self.set_accountant(accountant)
         self.eta0, self.max_local_steps, self.batch_size = float(eta0), max_local_steps, batch_size
         self.gamma, self.dp = float(gamma), privacy
         self.x: FloatArray = np.zeros(0)
@@ -151,6 +156,7 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
                                                              **extra})
         self._acc["down"] = sum(recorddict_nbytes(m.content) for m in messages)
         self._acc["sent"] = len(messages)
+        self.check_privacy_budget(server_round, [m.metadata.dst_node_id for m in messages])
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -158,10 +164,6 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         replies = list(replies)
         ok = [r for r in replies if not r.has_error()]
         self.rejected_total += len(replies) - len(ok)
-        for r in replies:
-            if r.has_error():
-                self.round_errors()[client_error_text(str(r.error.reason))] += 1
-        self.check_round_accepted(server_round, len(ok), self._acc["sent"], max(self._acc["sent"] - len(replies), 0))
         for r in replies:
             if r.has_error():
                 self.round_errors()[client_error_text(str(r.error.reason))] += 1

@@ -157,3 +157,65 @@ def test_our_accountant_runs_flowers_dp_wrapper_to_its_budget() -> None:
         strategy.start(grid=LocalGrid(user_app(), nodes), initial_arrays=initial(), num_rounds=10)
     assert acc.num_releases == 5
     assert strategy.privacy_spent().epsilon == pytest.approx(eps_n[0], rel=1e-6) and eps_n[0] <= budget
+
+
+def test_dp_fedpdm_accounts_each_client_on_the_server_and_stops_before_the_budget() -> None:
+    """A user's CNN under DP-FedPDM: the server's per-client GDP accountants mirror the devices' own ledgers, and
+    the run stops with PrivacyBudgetExhausted before the release that would pass max_epsilon -- no device has
+    released it."""
+    import torch
+    from flwr.app import ArrayRecord, Context
+    from test_public_api import TinyCNN, images
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from clients.broadcast import LEDGER
+    from clients.fedpdm import FedPDMClient
+    from fedapp.privacy import Eq36Calibration
+    from simulations.inprocess import run_clients
+    from strategies.fedpdm import DPFedPDM
+
+    nodes, calib = 3, Eq36Calibration(epsilon=40.0, delta=1e-5, horizon=10)
+
+    def run(accountant: Any, rounds: int) -> tuple[Any, dict[int, Context]]:
+        torch.manual_seed(0)
+        contexts: dict[int, Context] = {}
+
+        def client_fn(context: Context) -> FedPDMClient:
+            pid = int(context.node_config["partition-id"])
+            contexts[pid] = context
+            return FedPDMClient(TinyCNN(), DataLoader(images(200, pid), batch_size=16), loss_fn=nn.CrossEntropyLoss(),
+                                seed=pid)
+
+        strategy = DPFedPDM(min_available_nodes=nodes, privacy=calib, accountant=accountant, seed=0)
+        try:
+            run_clients(strategy, client_fn, num_nodes=nodes, num_rounds=rounds,
+                        initial_arrays=ArrayRecord(TinyCNN().state_dict()))
+        except PrivacyBudgetExhausted as err:
+            strategy.stopped = err
+        return strategy, contexts
+
+    free, ctx = run(None, 4)
+    ledgers = [PrivacyLedger.from_record(c.state.config_records[LEDGER]) for c in ctx.values()]
+    assert all(len(led) == 4 for led in ledgers)
+    spent = free.privacy_spent()  # no server accountant: the devices' own RDP figures, worst client
+    assert spent.epsilon == pytest.approx(max(led.rdp_epsilon() for led in ledgers)) and spent.num_releases == 4
+    assert spent.accounting_method.startswith("rdp")
+    # the exact epsilon of 2 and 3 releases of the worst device, from its ledger, by dp-accounting's PLD
+    worst = max(ledgers, key=lambda led: led.rdp_epsilon())
+    eps_at = []
+    for n in (2, 3):
+        pld = PldAccountant(no_amplification(1e-5, nodes))
+        for z in worst.noise_multipliers[:n]:
+            pld.compose(GaussianPrivacyEvent(noise_multiplier=z, sample_size=nodes, population_size=nodes))
+        eps_at.append(pld.get_epsilon(1e-5))
+    budget = float(np.mean(eps_at))
+
+    capped, ctx = run(lambda: GdpAccountant(no_amplification(1e-5, nodes, max_epsilon=budget)), 10)
+    assert isinstance(getattr(capped, "stopped", None), PrivacyBudgetExhausted)
+    assert "round 3" in str(capped.stopped) and "max_epsilon" in str(capped.stopped)
+    for c in ctx.values():  # nothing was released past the budget: every device holds two releases
+        assert len(PrivacyLedger.from_record(c.state.config_records[LEDGER])) == 2
+    spent = capped.privacy_spent()
+    assert spent.epsilon == pytest.approx(eps_at[0], rel=1e-6) and spent.num_releases == 2
+    assert spent.epsilon <= budget < eps_at[1] and spent.accounting_method == "gdp, worst client"
