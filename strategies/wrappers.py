@@ -89,6 +89,12 @@ class StrategyWrapper(Strategy):
         this to the largest local dataset you expect, or aggregate unweighted (:class:`Robust`).
     """
 
+    #: prefix of the ``<prefix>.down_bytes`` / ``<prefix>.up_bytes`` round metrics this wrapper records itself
+    #: (None: a subclass that changes the messages counts its own bytes). They are the serialized sizes of what
+    #: this wrapper sends and receives; under another wrapper that is the outer layer's traffic (a buffer mean
+    #: under SecureBuffers), so the outermost wrapper's figures are the wire's.
+    bytes_prefix: str | None = "wrapper"
+
     def __init__(self, inner: Strategy, *, max_weight: float | None = None) -> None:
         if not isinstance(inner, Strategy):
             raise TypeError(f"inner must be a Flower Message-API Strategy, got {type(inner).__name__}")
@@ -112,6 +118,9 @@ class StrategyWrapper(Strategy):
         self._round_stats = {}
         if messages:
             self.learn_layout(messages[0])
+        if self.bytes_prefix is not None:  # the serialized size of what this wrapper sends and receives
+            self._round_stats[f"{self.bytes_prefix}.down_bytes"] = float(sum(recorddict_nbytes(m.content)
+                                                                             for m in messages))
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -186,6 +195,10 @@ class StrategyWrapper(Strategy):
         """The replies the inner strategy may see: error replies (Flower logs them) and well-formed ones."""
         kept: list[Message] = []
         rejected = 0
+        replies = list(replies)
+        if self.bytes_prefix is not None:
+            self._round_stats[f"{self.bytes_prefix}.up_bytes"] = float(sum(recorddict_nbytes(r.content)
+                                                                           for r in replies if not r.has_error()))
         for reply in replies:
             if reply.has_error():
                 kept.append(reply)
@@ -229,6 +242,8 @@ class Compressed(StrategyWrapper):
     max_weight
         As :class:`StrategyWrapper`.
     """
+
+    bytes_prefix = None  # counts its own bytes (compress.* / secure.*)
 
     def __init__(self, inner: Strategy, *, uplink: Codec | None = None, downlink: Codec | None = None,
                  seed: int | None = None, max_weight: float | None = None) -> None:
@@ -394,6 +409,8 @@ class SecureBuffers(StrategyWrapper):
         None (default): buffers from the OS CSPRNG. An integer: a reproducible, predictable assignment (weaker;
         logged).
     """
+
+    bytes_prefix = None  # counts its own bytes (compress.* / secure.*)
 
     def __init__(self, inner: Strategy, buffer_size: int = 4, *, threshold: int | None = None, clip: float = 8.0,
                  levels: int = 2**22, seed: int | None = None, timeout: float = 600.0) -> None:
@@ -666,6 +683,8 @@ class Robust(StrategyWrapper):
     seed
         Seed of the pre-aggregator's randomness (bucketing); None draws from the OS.
     """
+
+    bytes_prefix = "robust"
 
     def __init__(self, inner: Strategy, aggregator: Any, pre: Any = None, *, seed: int | None = None,
                  max_weight: float | None = None) -> None:

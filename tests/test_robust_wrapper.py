@@ -48,6 +48,12 @@ def test_robust_with_the_mean_is_the_inner_strategy(cls: Any) -> None:
     for k in ("w", "b"):
         np.testing.assert_allclose(robust.arrays[k].numpy(), plain.arrays[k].numpy(), rtol=1e-5, atol=1e-6)
     assert robust.arrays["steps"].numpy().dtype == np.int64
+    # the bytes it records are those the transport carried, both ways
+    grid = LocalGrid(user_app(), 8)
+    counted = Robust(strategy(cls, **kw), Mean()).start(grid=grid, initial_arrays=initial(), num_rounds=2)
+    m = counted.train_metrics_clientapp
+    assert sum(m[r]["robust.down_bytes"] for r in m) == grid.down_bytes > 0
+    assert sum(m[r]["robust.up_bytes"] for r in m) == grid.up_bytes > 0
     if cls is FedAvg:  # the integer counter: the median of the replies' (all 5 more than sent), as FedAvg's mean
         assert int(robust.arrays["steps"].numpy()) == int(plain.arrays["steps"].numpy()) == 20
 
