@@ -76,6 +76,35 @@ def _merge_metrics(metrics: MetricRecord | None, extra: Mapping[str, float]) -> 
     return out
 
 
+def wrapped_chain(strategy: Strategy) -> list[Strategy]:
+    """The strategies ``strategy`` wraps, outermost first (itself included), down to the innermost one."""
+    chain = [strategy]
+    while isinstance(chain[-1], StrategyWrapper):
+        chain.append(chain[-1].inner)
+    return chain
+
+
+#: (outer, inner) pairs that cannot work, anywhere in a chain, and why (the README's composition table)
+_INVALID: list[tuple[str, str, str]] = [
+    ("Robust", "SecureBuffers", "outside the buffers the updates are masked, and no robust rule can compare masked "
+                                "vectors; use SecureBuffers(Robust(...)) to aggregate the buffer means robustly"),
+    ("Robust", "Compressed", "the replies Robust would compare are still encoded; use Compressed(Robust(...)), which "
+                             "decodes them first"),
+    ("SecureBuffers", "Compressed", "a masked upload is uniform noise in Z_2^32, which no codec can shrink, and "
+                                    "sparse uploads with different supports cannot be summed under masks"),
+    ("Compressed", "SecureBuffers", "the same: masked uploads do not compress, and a compressed downlink would give "
+                                    "the devices a reference model other than the one SecureBuffers takes updates "
+                                    "against"),
+]
+
+
+def _check_composition(outer: Strategy) -> None:
+    kinds = [{c.__name__ for c in type(s).__mro__} for s in wrapped_chain(outer)]
+    for a, b, why in _INVALID:
+        if a in kinds[0] and any(b in k for k in kinds[1:]):
+            raise TypeError(f"{a}(... {b}(...) ...) cannot work: {why}")
+
+
 class StrategyWrapper(Strategy):
     """Delegates to ``inner`` and screens the replies before the inner strategy sees them.
 
@@ -101,6 +130,7 @@ class StrategyWrapper(Strategy):
         if max_weight is not None and not (math.isfinite(max_weight) and max_weight > 0):
             raise ValueError(f"max_weight must be a finite number > 0 or None, got {max_weight!r}")
         self.inner = inner
+        _check_composition(self)
         self.max_weight = max_weight
         self.layout: ArrayLayout | None = None  # of the model sent this round
         self.weight_key = str(getattr(inner, "weighted_by_key", "num-examples"))
@@ -688,9 +718,6 @@ class Robust(StrategyWrapper):
 
     def __init__(self, inner: Strategy, aggregator: Any, pre: Any = None, *, seed: int | None = None,
                  max_weight: float | None = None) -> None:
-        if isinstance(inner, SecureBuffers):
-            raise TypeError("Robust(SecureBuffers(...)) cannot work: outside the buffers the updates are masked; "
-                            "use SecureBuffers(Robust(...)) to aggregate the buffer means robustly")
         if not callable(aggregator):
             raise TypeError(f"aggregator must be a callable rows -> aggregate, got {type(aggregator).__name__}")
         if pre is not None and not callable(pre):
