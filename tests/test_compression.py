@@ -311,3 +311,17 @@ def test_malformed_payload_rejected(arrays: dict[str, Any], dim: int, max_k: int
 
 def test_malformed_payload_is_value_error() -> None:
     assert issubclass(MalformedPayload, ValueError)
+
+
+def test_every_index_form_crosses_numpyclients_positional_lists() -> None:
+    """Each form the encoder can pick has a payload-format code (fedapp.compression.payload)."""
+    from fedapp.compression.payload import from_arrays, to_arrays
+
+    forms = set()
+    for dim, k in [(7850, 785), (16, 2), (7850, 7850), (100, 60)]:
+        payload = encode_sparse(_random_sparse(dim, k, seed=k))
+        forms.add(next(f for f in payload if f != "val"))
+        arrays, code = to_arrays(payload)
+        back = decode_vector(from_arrays(arrays, code), dim)
+        assert np.array_equal(back.indices, decode_vector(payload, dim).indices)
+    assert forms == {"idx", "mask", "rice"}

@@ -135,7 +135,7 @@ def test_through_flowers_message_api_the_client_error_reply_stops_the_run(
 
 
 def test_fedrep_round_whose_proposals_are_all_rejected_stops_the_run() -> None:
-    """The rule counts every phase: when no proposal is accepted FedREP sends no train message at all."""
+    """The rule counts every phase: when no proposal is accepted FedREP stops before sending any train message."""
     from strategies.base import RoundFailed
 
     cfg = parse_run_config({"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5",
@@ -144,11 +144,10 @@ def test_fedrep_round_whose_proposals_are_all_rejected_stops_the_run() -> None:
     strategy = build_strategy(cfg, evaluate=False)
     strategy.attach({0: 0, 1: 1})
     strategy.begin_round(1)
-    strategy.consume_pre_train(1, [(node, "RuntimeError: no key") for node, _, _ in strategy.pre_train_contents(1)])
-    assert strategy.train_contents(1) == []
-    with pytest.raises(RoundFailed, match=r'^round 1: no reply accepted \(2 of 2 rejected\): 2x "propose: RuntimeError: '
-                                          r'no key"$'):
-        strategy.consume_replies(1, [])
+    proposals = [(node, "RuntimeError: no key") for node, _, _ in strategy.pre_train_contents(1)]
+    with pytest.raises(RoundFailed, match=r'^round 1: no proposal accepted \(2 of 2 rejected\): 2x "propose: '
+                                          r'RuntimeError: no key"$'):
+        strategy.consume_pre_train(1, proposals)
 
 
 def test_quoting_groups_errors_that_differ_only_in_numbers() -> None:

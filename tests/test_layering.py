@@ -2,7 +2,8 @@
 
     the reproduction app   fedapp.config / registry / task / data / apps / runner / server_app / client_app,
                            the model zoo (fedapp.models.torch_net), simulations
-    the public layer       strategies/, clients/ (and fedapp.wire, their Flower record helpers)
+    the public layer       strategies/, clients/ (and fedapp.wire, their Flower record helpers, and
+                           fedapp.privacy.protocol, our accountants behind Flower's privacy protocol)
     the math               fedapp.algorithms, privacy, compression, models, robust, secagg, topology, layout, ...
 
 Checked two ways: every import statement of every file (module level or inside a function, so a lazy import
@@ -30,7 +31,8 @@ APP = (
     "simulations",
 )
 PUBLIC_DIRS = ("strategies", "clients")
-PUBLIC_FILES = ("fedapp/wire.py", "fedapp/results.py")  # Flower record helpers and the per-round record
+# Flower record helpers, the per-round record, and the accountants behind Flower's privacy protocol
+PUBLIC_FILES = ("fedapp/wire.py", "fedapp/results.py", "fedapp/privacy/protocol.py")
 APP_FILES = (
     "fedapp/config.py",
     "fedapp/registry.py",

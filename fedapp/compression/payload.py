@@ -1,7 +1,7 @@
 """Bridge between the codec's named arrays and NumPyClient's positional array lists.
 
-NumPyClient speaks lists of ndarrays; a sparse vector is [values, indices] or [values, bitmask] and a dense one
-[vector]. Which layout a list has travels as the integer "payload-format" in the message's config (downlink) or
+NumPyClient speaks lists of ndarrays; a sparse vector is [values, indices], [values, bitmask] or [values, Rice
+code] and a dense one [vector]. Which layout a list has travels as the integer "payload-format" in the message's config (downlink) or
 metrics (uplink) record, since MetricRecords cannot carry strings.
 """
 
@@ -14,8 +14,8 @@ from numpy.typing import NDArray
 
 from fedapp.compression.codec import MalformedPayload
 
-DENSE, INDEXED, BITMASK = 0, 1, 2
-_LAYOUT = {DENSE: ("dense",), INDEXED: ("val", "idx"), BITMASK: ("val", "mask")}
+DENSE, INDEXED, BITMASK, RICE = 0, 1, 2, 3
+_LAYOUT = {DENSE: ("dense",), INDEXED: ("val", "idx"), BITMASK: ("val", "mask"), RICE: ("val", "rice")}
 FORMAT_KEY = "payload-format"
 
 
