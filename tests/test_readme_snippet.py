@@ -37,9 +37,9 @@ clientapp = "my_app:client_app"
 """
 
 
-def snippet() -> str:
+def snippet(marker: str = MARKER) -> str:
     text = (ROOT / "README.md").read_text()
-    after = text[text.index(MARKER) + len(MARKER):]
+    after = text[text.index(marker) + len(marker):]
     match = re.match(r"\s*```python\n(.*?)```", after, re.DOTALL)
     assert match, "the README marker must be followed by a python code block"
     return match.group(1)
@@ -49,6 +49,17 @@ def test_the_snippet_is_plain_user_code() -> None:
     code = snippet()
     assert "fedapp.config" not in code and "fedapp.registry" not in code and "fedapp.task" not in code
     compile(code, "my_app.py", "exec")
+
+
+def test_the_wrappers_snippet_builds_what_it_says() -> None:
+    """The "Building blocks" code constructs its strategies (the example app runs them through flwr run)."""
+    from strategies.wrappers import Compressed, Robust, SecureBuffers
+
+    scope: dict[str, object] = {}
+    exec(compile(snippet("<!-- snippet: wrappers -->"), "readme_wrappers.py", "exec"), scope)
+    secure, compressed = scope["secure"], scope["compressed"]
+    assert isinstance(secure, SecureBuffers) and isinstance(secure.inner, Robust) and secure.buffer_size == 3
+    assert isinstance(compressed, Compressed) and isinstance(compressed.inner, Robust)
 
 
 @pytest.fixture(scope="module")
