@@ -547,7 +547,22 @@ def quadratic_optimum(objectives: Sequence[_Quadratic]) -> FloatArray:
     return np.asarray(np.linalg.solve(h, c), dtype=np.float64)
 
 
-class TorchObjective:
+class _DataObjective:
+    """A local objective on node i's samples (:class:`fedapp.localdata.LocalData`): D and minibatches by index."""
+
+    data: LocalData
+
+    @property
+    def num_samples(self) -> int | None:
+        """D."""
+        return len(self.data)
+
+    def batch(self, idx: IntArray | None) -> tuple[Any, Any]:
+        """(inputs, targets) of the samples idx (all of them for None)."""
+        return self.data.batch(np.arange(len(self.data), dtype=np.int64) if idx is None else idx)
+
+
+class TorchObjective(_DataObjective):
     """f_i: the mean loss (5) of the user's torch module on node i's data, for DPQ-DSGD.
 
     Parameters
@@ -574,15 +589,6 @@ class TorchObjective:
         self.data = data
         self.last_loss = float("nan")
 
-    @property
-    def num_samples(self) -> int | None:
-        """D."""
-        return len(self.data)
-
-    def batch(self, idx: IntArray | None) -> tuple[Any, Any]:
-        """(inputs, targets) of the samples idx (all of them for None)."""
-        return self.data.batch(np.arange(len(self.data), dtype=np.int64) if idx is None else idx)
-
     def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
         """Flat gradient of the batch-mean loss at x (cast to the parameters' dtype), as float64."""
         self.model.set_flat(x)
@@ -591,7 +597,7 @@ class TorchObjective:
         return np.asarray(g.detach().double().numpy(), dtype=np.float64)
 
 
-class ModelObjective:
+class ModelObjective(_DataObjective):
     """f_i: the mean loss of a numpy model object (``dim``, ``grad(x, inputs, targets)``, ``loss(x, inputs,
     targets)``) on node i's data; ``grad`` must return the mean per-sample gradient over the samples given (5)."""
 
@@ -602,15 +608,6 @@ class ModelObjective:
         self.model = model
         self.data = data
         self.last_loss = float("nan")
-
-    @property
-    def num_samples(self) -> int | None:
-        """D."""
-        return len(self.data)
-
-    def batch(self, idx: IntArray | None) -> tuple[Any, Any]:
-        """(inputs, targets) of the samples idx (all of them for None)."""
-        return self.data.batch(np.arange(len(self.data), dtype=np.int64) if idx is None else idx)
 
     def gradient(self, x: FloatArray, idx: IntArray | None) -> FloatArray:
         """``model.grad`` on the minibatch, as float64 (and its loss in ``last_loss``)."""
