@@ -16,6 +16,7 @@ from fedapp.algorithms.fedpdm import step_size
 from fedapp.compression.codec import SparseVector, decode_vector, encode_dense, encode_sparse
 from fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
 from fedapp.compression.sparsify import RandK, TopK
+from fedapp.layout import FloatArray
 from fedapp.privacy.gaussian import Eq36Calibration
 from strategies.base import FederatedStrategy, Scalar
 
@@ -143,6 +144,10 @@ class BroadcastStrategy(FederatedStrategy):
         if v.k != k:
             raise ValueError(f"expected k={k} uploaded values, got {v.k}")
         return v
+
+    def update_vector(self, server_round: int, client: int, update: Any) -> FloatArray | None:
+        """The uploaded entries minus the global model's there (y_i - x on the upload's support)."""
+        return np.asarray(update.values - self.x[update.indices], dtype=np.float64)
 
     def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
         """results.json's (epsilon, delta): the worst client's eq. (36) figure (seed 000)."""
