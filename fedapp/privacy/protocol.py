@@ -45,6 +45,8 @@ from flwr.supercore.privacy_accounting import (
     SamplingMethod,
 )
 
+from fedapp.privacy import gdp
+
 __all__ = [
     "BasicCompositionAccountant",
     "Eq36Accountant",
@@ -209,23 +211,13 @@ class GdpAccountant(GaussianAccountant):
 
     @property
     def mu(self) -> float:
-        return math.sqrt(math.fsum(n / e.noise_multiplier**2 for e, n in self._compositions))
+        return gdp.mu_of(math.fsum(n / e.noise_multiplier**2 for e, n in self._compositions))
 
     def _delta(self, epsilon: float) -> float:
-        from scipy.special import log_ndtr, ndtr
-
-        mu = self.mu
-        return float(max(0.0, ndtr(mu / 2 - epsilon / mu) - math.exp(epsilon + log_ndtr(-mu / 2 - epsilon / mu))))
+        return gdp.delta_for(epsilon, self.mu)
 
     def _epsilon(self, delta: float) -> float:
-        from scipy.optimize import brentq
-
-        if self._delta(0.0) <= delta:
-            return 0.0
-        hi = 1.0
-        while self._delta(hi) > delta:
-            hi *= 2.0
-        return float(brentq(lambda e: self._delta(e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
+        return gdp.epsilon_for(delta, self.mu)
 
 
 class PldAccountant(GaussianAccountant):
