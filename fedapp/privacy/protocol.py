@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 from flwr.supercore.privacy_accounting import (
@@ -55,6 +56,7 @@ __all__ = [
     "PldAccountant",
     "ZcdpAccountant",
     "no_amplification",
+    "privacy_guard",
     "rdp_accountant",
 ]
 
@@ -67,6 +69,15 @@ def no_amplification(target_delta: float, population_size: int = 1, max_epsilon:
     return PrivacyConfig(target_delta=target_delta, population_size=population_size,
                          neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                          sampling_method=SamplingMethod.NO_AMPLIFICATION, max_epsilon=max_epsilon)
+
+
+def privacy_guard(target: Any) -> Callable[[], GdpAccountant]:
+    """One exact accountant per client whose budget is ``target``'s (epsilon, delta) (a
+    :class:`fedapp.privacy.gaussian.GaussianTarget`): the strategy stops before a release would pass it. The
+    budget is widened by 1e-9 relative, so that the T-th release of noise calibrated for exactly T is not refused
+    for a rounding error."""
+    config = no_amplification(target.delta, 1, max_epsilon=target.epsilon * (1 + 1e-9))
+    return lambda: GdpAccountant(config)
 
 
 def rdp_accountant(config: PrivacyConfig) -> Any:
