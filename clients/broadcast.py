@@ -173,7 +173,7 @@ class BroadcastClient(FedClient):
         if calibration == "gdp":  # T releases exactly (epsilon, delta)-DP for one record (fedapp.privacy.gdp)
             z = gdp.noise_multiplier_for(eps_total, delta, horizon)
             sigma = z * sensitivity
-            eps_round = math.sqrt(2.0 * math.log(1.25 / delta)) / z  # (32)'s figure for the same noise, reported
+            eps_round = math.sqrt(2.0 * (math.log(1.25) - math.log(delta))) / z  # (32)'s figure for the same noise, reported
             paper: dict[str, Any] = {}
         else:
             c0 = cfg.number("dp-c0", lo=0.0, lo_open=True)

@@ -35,6 +35,13 @@ def round_diagnostics(counts: NDArray[np.int64], metrics: dict[int, dict[str, An
     if sig:
         diag["mean_sigma"] = float(np.mean(sig))
         diag["mean_eps_round"] = float(np.mean([m.get("eps_round", np.nan) for m in metrics.values()]))
+        # what another library needs to recompute every figure: the mechanism's z = sigma / S, its sample rate
+        # (1: no amplification claimed) and the most releases any client made so far
+        zs = [m["noise_multiplier"] for m in metrics.values() if "noise_multiplier" in m]
+        if zs:
+            diag["noise_multiplier"] = float(min(zs))  # the least noise of the round: the worst client's
+            diag["sample_rate"] = float(max(m.get("sample_rate", 1.0) for m in metrics.values()))
+            diag["releases"] = float(max(m.get("participations", 0) for m in metrics.values()))
     return diag
 
 

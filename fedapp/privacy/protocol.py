@@ -324,7 +324,7 @@ class BasicCompositionAccountant(GaussianAccountant):
 
     def release_epsilon(self, event: GaussianPrivacyEvent) -> float:
         """eps_t of one release (Thm. A.1 solved for epsilon)."""
-        return math.sqrt(2.0 * math.log(1.25 / self.release_delta)) / event.noise_multiplier
+        return math.sqrt(2.0 * (math.log(1.25) - math.log(self.release_delta))) / event.noise_multiplier
 
     @property
     def valid(self) -> bool:
