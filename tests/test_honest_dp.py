@@ -117,7 +117,7 @@ def test_a_devices_ledger_file_carries_its_spend_across_runs(tmp_path: Path) -> 
     # one node with its own file; each run asks for 2 releases calibrated to epsilon 3
     target = GaussianTarget(epsilon=3.0, delta=1e-5, horizon=2)
     cfg = {"privacy-ledger": str(path).format(pid=0)}
-    _, ctx, stopped = run(2, nodes=1, target=target, node_config=cfg)
+    _, _, stopped = run(2, nodes=1, target=target, node_config=cfg)
     first = PrivacyLedger.load(cfg["privacy-ledger"], 1e-5)
     assert stopped is None and len(first) == 2 and first.gdp_epsilon() == pytest.approx(3.0, rel=1e-9)
     # the second run: its own target again, but the device's ledger continues where the first one stopped
