@@ -144,6 +144,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "iadmm":
         iadmm_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
         return 0
+    if args.suite == "dp-anchor":
+        from simulations.dp_anchor import main as dp_anchor
+
+        return dp_anchor(Path(args.out))
     return bench_main(Path(args.out), rounds=args.rounds)
 
 
@@ -179,10 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="wall time per round: ours vs Flower FedAvg, in-process vs Flower")
     b.add_argument("--out", default="outputs/bench")
     b.add_argument("--rounds", type=int, default=10)
-    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal"), default="fedpdm",
+    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor"), default="fedpdm",
                    help="fedpdm: the seed-000 benchmark; iadmm: DP-IADMM rounds/s on MNIST, in-process vs Flower; "
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
-                        "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator")
+                        "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator; "
+                        "dp-anchor: client-level DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP (about 1 h)")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="--suite fedrep only: override a task key, e.g. dataset=fashion-mnist (repeatable)")
