@@ -79,6 +79,8 @@ class CentralDP(StrategyWrapper):
         N is the number of nodes connected at round 1; wait for at least this many (default 2).
     noise_multiplier
         z directly instead of calibrating it to ``epsilon`` (then ``epsilon`` is only the budget the run stops at).
+        0 turns the noise off: no privacy at all (``privacy_spent`` reports an infinite epsilon), for checking the
+        rest of the mechanism.
     """
 
     bytes_prefix = "central_dp"
@@ -102,8 +104,11 @@ class CentralDP(StrategyWrapper):
             raise ValueError(f"sampling_rate must lie in (0, 1], got {sampling_rate!r}")
         self.epsilon, self.delta, self.clip_norm, self.q = float(epsilon), float(delta), float(clip_norm), float(sampling_rate)
         self.num_rounds, self.min_available_nodes = num_rounds, min_available_nodes
-        self.z = (noise_multiplier if noise_multiplier is not None
+        if noise_multiplier is not None and not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+            raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+        self.z = (float(noise_multiplier) if noise_multiplier is not None
                   else poisson_noise_multiplier_for(epsilon, delta, sampling_rate, num_rounds))
+        self._releases = 0
         self._rng = secrets.SystemRandom()  # the sample is secret: never seeded, never logged
         self._noise = np.random.default_rng(secrets.randbits(128))
         self.accountant: Any = None
@@ -119,6 +124,11 @@ class CentralDP(StrategyWrapper):
 
     def privacy_spent(self) -> Any:
         """Flower's protocol: the (epsilon, delta) spent so far (PLD, Poisson sampling), or None before round 1."""
+        if self.z == 0.0 and self._releases:
+            from flwr.supercore.privacy_accounting import PrivacySpent
+
+            return PrivacySpent(epsilon=math.inf, delta=self.delta, num_releases=self._releases,
+                                accounting_method="none (noise off)")
         return None if self.accountant is None else self.accountant.get_privacy_spent()
 
     # ------------------------------------------------------------------ round
@@ -141,9 +151,9 @@ class CentralDP(StrategyWrapper):
             self.accountant = PldAccountant(PrivacyConfig(
                 target_delta=self.delta, population_size=self.population, max_epsilon=self.epsilon * (1 + 1e-6),
                 neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE, sampling_method=SamplingMethod.POISSON))
-        event = GaussianPrivacyEvent(noise_multiplier=self.z, sample_size=max(1, round(self.q * self.population)),
-                                     population_size=self.population)
-        if self.accountant.would_exceed(event):
+        event = None if self.z == 0 else GaussianPrivacyEvent(
+            noise_multiplier=self.z, sample_size=max(1, round(self.q * self.population)), population_size=self.population)
+        if event is not None and self.accountant.would_exceed(event):
             spent = self.accountant.get_privacy_spent()
             raise PrivacyBudgetExhausted(f"round {server_round}: the next release would exceed epsilon = {self.epsilon} "
                                          f"(spent {spent.epsilon:.4g} at delta = {spent.delta:g} in "
@@ -173,11 +183,13 @@ class CentralDP(StrategyWrapper):
             if norm > self.clip_norm:
                 u, clipped = u * (self.clip_norm / norm), clipped + 1
             total += u
-        noise = self._noise.normal(0.0, self.z * self.clip_norm, size=self.layout.dim)
+        noise = self._noise.normal(0.0, self.z * self.clip_norm, size=self.layout.dim) if self.z > 0 else 0.0
         update = (total + noise) / (self.q * self.population)  # the fixed denominator of the analysis
         model = self.layout.unflatten(self._sent + update, self._carried)
-        self.accountant.compose(self._event)  # the release happened, with or without sampled clients
-        spent = self.accountant.get_privacy_spent()
+        self._releases += 1
+        if self.z > 0:
+            self.accountant.compose(self._event)  # the release happened, with or without sampled clients
+        spent = self.privacy_spent()
         self._round_stats.update({"central_dp.sampled": float(len(kept)), "central_dp.clipped": float(clipped),
                                   "central_dp.noise_multiplier": self.z, "central_dp.sample_rate": self.q,
                                   "central_dp.epsilon": spent.epsilon, "central_dp.releases": float(spent.num_releases)})
