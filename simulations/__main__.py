@@ -147,7 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "dp-anchor":
         from simulations.dp_anchor import main as dp_anchor
 
-        return dp_anchor(Path(args.out))
+        return dp_anchor(Path(args.out), methods=[m for m in (args.methods or "").split(",") if m] or None)
     return bench_main(Path(args.out), rounds=args.rounds)
 
 
@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator; "
                         "dp-anchor: client-level DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP (about 1 h)")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
+    b.add_argument("--methods", default=None,
+                   help="--suite dp-anchor: run only these methods (flower,ours,dpsgd), adding rows to --out's table")
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="--suite fedrep only: override a task key, e.g. dataset=fashion-mnist (repeatable)")
     b.set_defaults(func=cmd_bench)

@@ -55,7 +55,7 @@ def _net() -> Any:
                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def _client_app(train: tuple[Any, Any], order: Any) -> Any:
+def _client_app(train: tuple[Any, Any], order: Any, dpsgd: Any = None) -> Any:
     import torch
     from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -69,6 +69,12 @@ def _client_app(train: tuple[Any, Any], order: Any) -> Any:
         x, y = train[0][mine], train[1][mine]
         net = _net()
         net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+        if dpsgd is not None:  # record-level DP-SGD on the device (Opacus), the device's own budget
+            from torch.utils.data import DataLoader, TensorDataset
+
+            metrics = dpsgd.train(net, DataLoader(TensorDataset(x, y), batch_size=10), lr=0.1, context=context)
+            return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()),
+                                       "metrics": MetricRecord({"num-examples": PER, **metrics})}), reply_to=msg)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(pid)
         perm = torch.randperm(PER, generator=g)
@@ -107,6 +113,7 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
     from flwr.app import ArrayRecord, MetricRecord
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
+    from clients.dpsgd import DeviceDPSGD
     from fedapp.privacy.protocol import no_amplification, rdp_accountant
     from simulations.inprocess import LocalGrid
     from strategies.central_dp import CentralDP
@@ -114,7 +121,10 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
     train, test, order = data
     torch.manual_seed(0)
     net = _net()
-    grid = LocalGrid(_client_app(train, order), N)
+    # DP-SGD devices cap their participations at twice the expected number, and calibrate for that cap
+    device = DeviceDPSGD(epsilon=epsilon, delta=DELTA, max_rounds=max(1, math.ceil(2 * Q * rounds)), clip_norm=clip) \
+        if kind == "dpsgd" else None
+    grid = LocalGrid(_client_app(train, order, device), N)
     accs: list[float] = []
 
     def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -132,31 +142,49 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
         strategy: Any = DifferentialPrivacyServerSideFixedClipping(
             inner, noise_multiplier=z, clipping_norm=clip, num_sampled_clients=int(Q * N),
             accountant=rdp_accountant(no_amplification(DELTA, N, max_epsilon=epsilon * (1 + 1e-6))))
+    elif kind == "dpsgd":
+        assert device is not None
+        z = device.noise_multiplier(PER, 10)
+        strategy = FedAvg(fraction_train=Q, fraction_evaluate=0.0, min_available_nodes=N, min_train_nodes=int(Q * N))
     else:
         strategy = CentralDP(FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1, fraction_evaluate=0.0),
                              epsilon=epsilon, delta=DELTA, clip_norm=clip, sampling_rate=Q, num_rounds=rounds,
                              min_available_nodes=N)
         z = strategy.z
     strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=rounds, evaluate_fn=central)
-    spent = strategy.privacy_spent()
+    if kind == "dpsgd":  # the worst device's own ledger
+        assert device is not None
+        spent_eps = max(device.epsilon_spent(device._load(c)) for c in grid.contexts.values())
+        method = "rdp (Opacus), worst device"
+    else:
+        spent = strategy.privacy_spent()
+        spent_eps, method = spent.epsilon, spent.accounting_method
     return {"method": kind, "epsilon": epsilon, "rounds": rounds, "clip": clip, "noise_multiplier": z,
-            "accuracy_last3": float(np.mean(accs[-3:])), "epsilon_spent": spent.epsilon, "accountant":
-            spent.accounting_method, "mbytes": (grid.down_bytes + grid.up_bytes) / 1e6,
-            "wall_s": time.perf_counter() - t0}
+            "accuracy_last3": float(np.mean(accs[-3:])), "epsilon_spent": spent_eps, "accountant": method,
+            "mbytes": (grid.down_bytes + grid.up_bytes) / 1e6, "wall_s": time.perf_counter() - t0}
 
 
 #: (epsilon, rounds, clip) per method: the anchor's best cells of the notes' grid, and ours on a small grid
 GRID: dict[str, list[tuple[float, int, float]]] = {
     "flower": [(8.0, 50, 0.25), (3.0, 25, 0.25), (1.0, 10, 0.1)],
     "ours": [(8.0, 50, 0.25), (8.0, 100, 0.5), (3.0, 50, 0.25), (3.0, 100, 0.25), (1.0, 25, 0.25), (1.0, 50, 0.1)],
+    # record-level, a different unit (module docstring): each device runs DP-SGD with its own budget
+    "dpsgd": [(8.0, 50, 1.0), (3.0, 50, 1.0), (1.0, 50, 1.0)],
 }
 
+LABELS = {"flower": "Flower DP-FedAvg (client-level, no amplification)",
+          "ours": "CentralDP (client-level, secret Poisson sampling)",
+          "dpsgd": "DeviceDPSGD under FedAvg (record-level, on-device Poisson sampling)"}
 
-def main(out: Path, grid: dict[str, list[tuple[float, int, float]]] | None = None) -> int:
+
+def main(out: Path, grid: dict[str, list[tuple[float, int, float]]] | None = None, methods: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     data = _data()
-    rows = []
+    rows: list[dict[str, Any]] = json.loads((out / "dp_anchor.json").read_text()) if methods and (
+        out / "dp_anchor.json").exists() else []  # adding methods to an earlier run's table
     for kind, cells in (grid or GRID).items():
+        if methods and kind not in methods:
+            continue
         for epsilon, rounds, clip in cells:
             row = run_one(kind, epsilon, rounds, clip, data)
             rows.append(row)
@@ -165,7 +193,7 @@ def main(out: Path, grid: dict[str, list[tuple[float, int, float]]] | None = Non
     lines = ["| method | epsilon | T | C | z | accuracy (last 3) | epsilon spent (accountant) | MB moved |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {'Flower DP-FedAvg (no amplification)' if r['method'] == 'flower' else 'CentralDP (secret Poisson)'} "
+        lines.append(f"| {LABELS[r['method']]} "
                      f"| {r['epsilon']:g} | {r['rounds']} | {r['clip']:g} | {r['noise_multiplier']:.3f} | "
                      f"{r['accuracy_last3']:.3f} | {r['epsilon_spent']:.3f} ({r['accountant']}) | {r['mbytes']:.0f} |")
     (out / "dp_anchor.md").write_text("\n".join(lines) + "\n")
