@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "dp-anchor: client-level DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP (about 1 h)")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.add_argument("--methods", default=None,
-                   help="--suite dp-anchor: run only these methods (flower,ours,dpsgd), adding rows to --out's table")
+                   help="--suite dp-anchor: run only these methods (flower,flower-client,ours,dpsgd), adding rows to --out's table")
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="--suite fedrep only: override a task key, e.g. dataset=fashion-mnist (repeatable)")
     b.set_defaults(func=cmd_bench)

@@ -55,12 +55,14 @@ def _net() -> Any:
                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def _client_app(train: tuple[Any, Any], order: Any, dpsgd: Any = None) -> Any:
+def _client_app(train: tuple[Any, Any], order: Any, dpsgd: Any = None, client_clip: bool = False) -> Any:
     import torch
     from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
+    from flwr.clientapp.mod import fixedclipping_mod
 
-    app = ClientApp()
+    # client_clip: Flower's fixedclipping_mod clips the update on the device (DifferentialPrivacyClientSideFixedClipping)
+    app = ClientApp(mods=[fixedclipping_mod] if client_clip else [])
 
     @app.train()
     def fit(msg: Message, context: Any) -> Message:
@@ -111,7 +113,11 @@ def flower_sigma(epsilon: float, rounds: int) -> float:
 def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> dict[str, Any]:
     import torch
     from flwr.app import ArrayRecord, MetricRecord
-    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+    from flwr.serverapp.strategy import (
+        DifferentialPrivacyClientSideFixedClipping,
+        DifferentialPrivacyServerSideFixedClipping,
+        FedAvg,
+    )
 
     from clients.dpsgd import DeviceDPSGD
     from fedapp.privacy.protocol import no_amplification, rdp_accountant
@@ -124,7 +130,7 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
     # DP-SGD devices cap their participations at twice the expected number, and calibrate for that cap
     device = DeviceDPSGD(epsilon=epsilon, delta=DELTA, max_rounds=max(1, math.ceil(2 * Q * rounds)), clip_norm=clip) \
         if kind == "dpsgd" else None
-    grid = LocalGrid(_client_app(train, order, device), N)
+    grid = LocalGrid(_client_app(train, order, device, client_clip=kind == "flower-client"), N)
     accs: list[float] = []
 
     def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -136,10 +142,12 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
         return MetricRecord({"accuracy": acc})
 
     t0 = time.perf_counter()
-    if kind == "flower":
+    if kind in ("flower", "flower-client"):
         z = flower_sigma(epsilon, rounds)
         inner = FedAvg(fraction_train=Q, fraction_evaluate=0.0, min_available_nodes=N, min_train_nodes=int(Q * N))
-        strategy: Any = DifferentialPrivacyServerSideFixedClipping(
+        wrapper = DifferentialPrivacyServerSideFixedClipping if kind == "flower" else \
+            DifferentialPrivacyClientSideFixedClipping
+        strategy: Any = wrapper(
             inner, noise_multiplier=z, clipping_norm=clip, num_sampled_clients=int(Q * N),
             accountant=rdp_accountant(no_amplification(DELTA, N, max_epsilon=epsilon * (1 + 1e-6))))
     elif kind == "dpsgd":
@@ -167,12 +175,15 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
 #: (epsilon, rounds, clip) per method: the anchor's best cells of the notes' grid, and ours on a small grid
 GRID: dict[str, list[tuple[float, int, float]]] = {
     "flower": [(8.0, 50, 0.25), (3.0, 25, 0.25), (1.0, 10, 0.1)],
+    # the same with the clipping on the device (Flower's fixedclipping_mod): the same noise and accounting
+    "flower-client": [(8.0, 50, 0.25), (3.0, 25, 0.25), (1.0, 10, 0.1)],
     "ours": [(8.0, 50, 0.25), (8.0, 100, 0.5), (3.0, 50, 0.25), (3.0, 100, 0.25), (1.0, 25, 0.25), (1.0, 50, 0.1)],
     # record-level, a different unit (module docstring): each device runs DP-SGD with its own budget
     "dpsgd": [(8.0, 50, 1.0), (3.0, 50, 1.0), (1.0, 50, 1.0)],
 }
 
-LABELS = {"flower": "Flower DP-FedAvg (client-level, no amplification)",
+LABELS = {"flower": "Flower DP-FedAvg, server-side clipping (client-level, no amplification)",
+          "flower-client": "Flower DP-FedAvg, client-side clipping + fixedclipping_mod (client-level, no amplification)",
           "ours": "CentralDP (client-level, secret Poisson sampling)",
           "dpsgd": "DeviceDPSGD under FedAvg (record-level, on-device Poisson sampling)"}
 
