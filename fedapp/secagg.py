@@ -74,8 +74,6 @@ __all__ = [
     "check_public_key",
     "check_threshold",
     "combine_secret",
-    "decode_buffer_mean",
-    "decode_buffers",
     "decrypt_share",
     "default_threshold",
     "dequantize",
@@ -83,8 +81,6 @@ __all__ = [
     "encrypt_share",
     "expand_mask",
     "mask_input",
-    "mask_label",
-    "masked_upload",
     "new_keypair",
     "pair_seed",
     "pairwise_key",
@@ -703,136 +699,3 @@ def rebuild_sum(
             raise ValueError(f"the self-mask seed rebuilt for client {cid} does not match its commitment")
         seeds[cid] = seed
     return unmask_sum(uploads, seeds, revealed_pairs, label)
-
-
-# --- FedREP's discard-policy masking (unsigned keys relayed by the server; replaced by the threshold protocol) ---
-
-
-def mask_label(run_seed: int, server_round: int, buffer_id: int) -> bytes:
-    """The HKDF ``info`` label of the masks of one buffer in one round: ``b"fedrep-mask|run=..|round=..|buffer=.."``.
-
-    Both members of a pair must use the same label. With fresh key pairs every round the label is domain
-    separation; with key pairs kept for a whole run it is what makes the masks of different rounds differ.
-    """
-    return f"fedrep-mask|run={int(run_seed)}|round={int(server_round)}|buffer={int(buffer_id)}".encode()
-
-
-def masked_upload(
-    x: ArrayLike,
-    me: int,
-    private_key: bytes,
-    peers: Mapping[int, bytes],
-    label: bytes,
-    rng: np.random.Generator,
-    clip: float = DEFAULT_CLIP,
-    levels: int = DEFAULT_LEVELS,
-) -> NDArray[np.uint32]:
-    """A client's phase-2 upload: ``quantize(x) + sum_{j > me} PRG(k_j) - sum_{j < me} PRG(k_j)`` (mod ``2^32``).
-
-    Parameters
-    ----------
-    x
-        The client's vector (1-D, length n), e.g. its sparse update on the consensus coordinates.
-    me
-        The client's partition id; masks are signed by comparing it with the peers' ids.
-    private_key
-        The client's private key of this round (PEM bytes from :func:`new_keypair`).
-    peers
-        Buffer-mates' public keys (PEM bytes) keyed by partition id, ``me`` excluded; at least one.
-    label
-        :func:`mask_label` of this run, round and buffer (the same for every member of the buffer).
-    rng
-        Randomness of the stochastic rounding; consumed exactly as ``quantize(x, rng, ...)``.
-    """
-    if not peers:
-        raise ValueError("masking needs at least one buffer-mate: with s = 1 use plain (unmasked) mode")
-    if me in peers:
-        raise ValueError(f"partition id {me} is listed among its own buffer-mates")
-    values = np.asarray(x, dtype=np.float64)
-    if values.ndim != 1:
-        raise ValueError(f"x must be 1-D, got shape {values.shape}")
-    _check_capacity(len(peers) + 1, levels)
-    upload = quantize(values, rng, clip, levels)
-    for peer in sorted(peers):
-        mask = expand_mask(pairwise_key(private_key, peers[peer]), label, values.size)
-        # Deliberate uint32 wraparound: numpy array arithmetic on unsigned integers is exact mod 2^32.
-        if peer > me:
-            upload += mask
-        else:
-            upload -= mask
-    return upload
-
-
-# --- server side -------------------------------------------------------------------------------------------------
-
-
-def decode_buffer_mean(
-    uploads: Sequence[NDArray[np.uint32]], clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS
-) -> NDArray[np.float64]:
-    """The mean of a *complete* buffer's vectors from its members' masked uploads: their sum mod ``2^32`` (the
-    pairwise masks cancel) dequantized. Raises ``ValueError`` for fewer than 2 uploads or mismatched arrays."""
-    if len(uploads) < 2:
-        raise ValueError("never decode fewer than 2 uploads: one upload alone is a single client's vector")
-    _check_capacity(len(uploads), levels)
-    first = uploads[0]
-    for upload in uploads:
-        if not isinstance(upload, np.ndarray) or upload.dtype != np.dtype(np.uint32) or upload.ndim != 1:
-            raise ValueError("uploads must be 1-D uint32 arrays")
-        if upload.shape != first.shape:
-            raise ValueError(f"upload shapes differ: {upload.shape} vs {first.shape}")
-    total = np.sum(np.stack(uploads), axis=0, dtype=np.uint64) % MODULUS
-    return dequantize(total, len(uploads), clip, levels)
-
-
-def decode_buffers(
-    received: Mapping[int, Any],
-    buffers: Sequence[Sequence[int]],
-    *,
-    length: int | None = None,
-    clip: float = DEFAULT_CLIP,
-    levels: int = DEFAULT_LEVELS,
-) -> tuple[dict[int, NDArray[np.float64]], list[int]]:
-    """Decode every complete buffer of a round; discard the others.
-
-    Parameters
-    ----------
-    received
-        Masked uploads keyed by partition id (whatever arrived; entries of clients in no buffer are ignored).
-    buffers
-        The round's buffers (buffer id = position), each of >= 2 partition ids; e.g. from :func:`buffer_partition`.
-    length
-        The expected vector length n (the number of consensus coordinates). If None, the members of a buffer must
-        merely agree on the length.
-
-    Returns
-    -------
-    ``(means, discarded)``: ``means[buffer_id]`` is the float64 mean of the buffer, and ``discarded`` lists (in
-    ascending order) the buffers with a missing member or an upload that is not a 1-D uint32 array of ``length``
-    (or, without ``length``, of its buffer-mates' length).
-    A discarded buffer is never partially unmasked.
-
-    Raises ``ValueError`` for a buffer of fewer than 2 members (s = 1 cannot be masked), a partition id in two
-    buffers, or ``s * levels >= 2^32``.
-    """
-    seen: set[int] = set()
-    for buffer_id, members in enumerate(buffers):
-        if len(members) < 2:
-            raise ValueError(f"buffer {buffer_id} has {len(members)} member(s): masking needs s >= 2")
-        if len(set(members)) != len(members) or seen.intersection(members):
-            raise ValueError(f"buffer {buffer_id} repeats a partition id")
-        seen.update(members)
-        _check_capacity(len(members), levels)
-    expected = np.dtype(np.uint32)
-    means: dict[int, NDArray[np.float64]] = {}
-    discarded: list[int] = []
-    for buffer_id, members in enumerate(buffers):
-        uploads = [received.get(member) for member in members]
-        shape = (length,) if length is not None else getattr(uploads[0], "shape", None)
-        if all(
-            isinstance(upload, np.ndarray) and upload.dtype == expected and upload.ndim == 1 and upload.shape == shape
-            for upload in uploads
-        ):
-            means[buffer_id] = decode_buffer_mean(cast(list[NDArray[np.uint32]], uploads), clip, levels)
-        else:
-            discarded.append(buffer_id)
-    return means, discarded
