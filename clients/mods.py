@@ -18,10 +18,33 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 from numpy.typing import NDArray
 
-from clients.secure import SecureDevice, accept_mask, config_int, key_reply, mask_reply, unmask_reply
+from clients.secure import (
+    LAST,
+    NEXT_KEY,
+    PENDING,
+    SecureDevice,
+    accept_mask,
+    config_int,
+    key_reply,
+    mask_reply,
+    unmask_reply,
+)
 from fedapp.compression.codecs import Codec, codec_from_spec
 from fedapp.layout import ArrayLayout
-from fedapp.secagg import S_PHASE, S_RECORD, S_ROUND, S_RUN
+from fedapp.secagg import (
+    S_BUFFER,
+    S_CLIP,
+    S_DROPPED,
+    S_INFO,
+    S_LEVELS,
+    S_MEMBERS,
+    S_PHASE,
+    S_RECORD,
+    S_ROUND,
+    S_RUN,
+    S_SURVIVORS,
+    S_THRESHOLD,
+)
 
 __all__ = ["compress_mod", "secure_buffers_mod"]
 
@@ -150,6 +173,12 @@ def _uplink(reply: Message, layout: ArrayLayout, reference: Any, codec: Any, sta
 
 
 # ------------------------------------------------------------------------------------------------ secure buffers
+#: the protocol's config keys and record names (fedapp.secagg's) and the device's state records (clients.secure's),
+#: importable from here as before the device steps moved to clients/secure.py
+SECURE_PROTOCOL_NAMES = (S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS,
+                         S_DROPPED, S_RECORD, S_INFO, NEXT_KEY, PENDING, LAST)
+
+
 def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buffer: int = 3) -> Mod:
     """The client side of :class:`strategies.wrappers.SecureBuffers`: puts the node in secure mode.
 

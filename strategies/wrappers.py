@@ -46,7 +46,20 @@ from numpy.typing import NDArray
 from fedapp.compression.codec import MalformedPayload
 from fedapp.compression.codecs import Codec, codec_from_spec
 from fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
-from fedapp.secagg import S_PHASE, S_RECORD, S_ROUND, S_RUN
+from fedapp.secagg import (  # the protocol's names, importable from here as before
+    S_BUFFER,
+    S_CLIP,
+    S_DROPPED,
+    S_INFO,
+    S_LEVELS,
+    S_MEMBERS,
+    S_PHASE,
+    S_RECORD,
+    S_ROUND,
+    S_RUN,
+    S_SURVIVORS,
+    S_THRESHOLD,
+)
 from fedapp.wire import recorddict_nbytes
 from strategies.base import arrays_of, client_error_text
 from strategies.secure import BufferSecAgg, SignedKey, Upload
@@ -397,6 +410,8 @@ class Compressed(StrategyWrapper):
 # The protocol's config keys and record names are fedapp.secagg's (clients/secure.py reads the same). Every message
 # of the protocol is a TRAIN message, so a user's ClientApp needs no extra action registered: its secure_buffers_mod
 # answers the key and unmask phases.
+SECURE_PROTOCOL_NAMES = (S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS,
+                         S_DROPPED, S_RECORD, S_INFO)
 class SecureBuffers(StrategyWrapper):
     """Secure aggregation for any strategy: the server learns only the mean update of each buffer of clients.
 
