@@ -616,7 +616,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """(node id, message type, content) of an exchange that must precede the train messages of the round.
 
         Most algorithms have none (one exchange per round). FedREP sends its propose phase here (ConSpar's
-        coordinate proposals and the secure-aggregation keys), so a round stays two exchanges in every driver.
+        coordinate proposals and, masked, the devices' signed keys), the same in every driver.
         """
         return []
 

@@ -33,7 +33,7 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     # measured 0.45-0.75 in-process (8 runs, unseeded devices and init)
     "dpq_ring": ("dpq_ring", {"num-server-rounds": 5}, 4, "accuracy", 0.3),
     # FedREP (ConSpar K = 0.1 d, masked buffers of 2, geometric median) on a BatchNorm CNN, 4 nodes, 3 rounds,
-    # devices in secure mode (keys provisioned below): measured 0.854 through flwr run (37 s), 0.86 in process
+    # devices in secure mode (keys provisioned below): measured 0.85-0.87 through flwr run (18-26 s), unseeded
     "fedrep_cnn": ("fedrep_cnn", {"num-server-rounds": 3}, 4, "accuracy", 0.5),
     # Flower's own FedAvg and the template's train function, wrapped. In process (LocalGrid, 3 rounds) plain FedAvg
     # reached 0.875 with 4 honest nodes and 0.117 with one compromised node of 4 (update reversed x10); with 9
