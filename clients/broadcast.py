@@ -13,17 +13,21 @@ key                     meaning
 ``max-steps``           upper bound on Q (Q b < |D_i| is enforced on top, spec A6)
 ``clip``                clip norm G of every mini-batch gradient (0: no clipping)
 ``uplink`` / ``k-up``   "dense", "topk" or "randk", and k
-``dp``                  whether to add Gaussian noise; with it the calibration of (36) (``dp-*`` keys below)
-``dp-epsilon``,         epsbar, delta, c0 and the q exponent of (36), T, and p = K/N
+``dp``                  whether to add Gaussian noise, calibrated by ``dp-calibration``:
+``dp-calibration``      "gdp": z = sqrt(T) / mu*(epsilon, delta), so that T releases are exactly (epsilon,
+                        delta)-DP for one record of this client (:mod:`fedapp.privacy.gdp`); "eq36" (default,
+                        the paper's): (36) inverted for the per-round epsilon, then (32)
+``dp-epsilon``,         epsilon (epsbar of (36)), delta, and T (the most releases the run asks of this client)
 ``dp-delta``,
-``dp-c0``,
+``dp-horizon``
+``dp-c0``,              eq36 only: c0 and the q exponent of (36), and p = K/N
 ``dp-q-power``,
-``dp-horizon``,
 ``dp-participation``
 ======================  =====================================================================================
 
 The device keeps the last word on its privacy (``max_epsilon``): it refuses a message without noise, and a
-release that would take its ledger's RDP epsilon past the floor.
+release that would take its ledger's exact (GDP) epsilon past the floor. With node config ``privacy-ledger`` (a
+file path) the ledger persists on the device across runs, so the floor bounds the device's total spend.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from fedapp.compression.codec import FLOAT32_MAX, SparseVector, decode_vector, e
 from fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
 from fedapp.compression.sparsify import rand_k, top_k
 from fedapp.layout import ArrayLayout, FloatArray
+from fedapp.privacy import gdp
 from fedapp.privacy.accountants import PrivacyLedger
 from fedapp.privacy.gaussian import (
     add_gaussian_noise,
@@ -125,16 +130,27 @@ class BroadcastClient(FedClient):
             return top_k(v, k)
         return rand_k(d, k, self.rng(server_round, STREAM_RANDK))
 
+    def ledger_path(self) -> str | None:
+        """The device's ledger file (node config ``privacy-ledger``), or None (the ledger lives in context.state)."""
+        path = self.node_context.node_config.get("privacy-ledger") if self.node_context is not None else None
+        return str(path) if path else None
+
     def load_ledger(self, delta: float) -> PrivacyLedger:
-        """This client's privacy ledger (history of per-round epsilons and noise multipliers)."""
+        """This client's privacy ledger: its file when the device has one, else context.state."""
+        path = self.ledger_path()
+        if path is not None:
+            return PrivacyLedger.load(path, delta)
         rec = self.state.config_records.get(LEDGER)
         if rec is None:
             return PrivacyLedger(delta=delta, eps_rounds=[], noise_multipliers=[])
         return PrivacyLedger.from_record(dict(rec))
 
     def save_ledger(self, ledger: PrivacyLedger) -> None:
-        """Persist the ledger as a ConfigRecord of float lists."""
+        """Persist the ledger: in context.state, and in the device's file when it has one."""
         self.state[LEDGER] = ConfigRecord(ledger.to_record())  # type: ignore[arg-type]
+        path = self.ledger_path()
+        if path is not None:
+            ledger.save(path)
 
     def release(self, values: FloatArray, server_round: int, cfg: MessageConfig, *, sensitivity: float, steps: int,
                 batch_size: int) -> tuple[FloatArray, dict[str, Any]]:
@@ -151,13 +167,21 @@ class BroadcastClient(FedClient):
             return values, {}
         eps_total = cfg.number("dp-epsilon", lo=0.0, lo_open=True)
         delta = cfg.number("dp-delta", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-        c0 = cfg.number("dp-c0", lo=0.0, lo_open=True)
-        q_power = cfg.number("dp-q-power", lo=0.0, lo_open=True)
         horizon = cfg.integer("dp-horizon", lo=1)
-        p = cfg.number("dp-participation", lo=0.0, hi=1.0, lo_open=True)
+        calibration = cfg.choice("dp-calibration", ("eq36", "gdp"), "eq36")
         q = data_fraction(steps, batch_size, self.num_examples)
-        eps_round = per_round_epsilon_eq36(eps_total, c0, q, p, horizon, q_power=q_power)
-        sigma = gaussian_noise_std(sensitivity, eps_round, delta)
+        if calibration == "gdp":  # T releases exactly (epsilon, delta)-DP for one record (fedapp.privacy.gdp)
+            z = gdp.noise_multiplier_for(eps_total, delta, horizon)
+            sigma = z * sensitivity
+            eps_round = math.sqrt(2.0 * (math.log(1.25) - math.log(delta))) / z  # (32)'s figure for the same noise, reported
+            paper: dict[str, Any] = {}
+        else:
+            c0 = cfg.number("dp-c0", lo=0.0, lo_open=True)
+            q_power = cfg.number("dp-q-power", lo=0.0, lo_open=True)
+            p = cfg.number("dp-participation", lo=0.0, hi=1.0, lo_open=True)
+            eps_round = per_round_epsilon_eq36(eps_total, c0, q, p, horizon, q_power=q_power)
+            sigma = gaussian_noise_std(sensitivity, eps_round, delta)
+            paper = {"eps_eq36": total_privacy_eq36(eps_round, c0, q, p, min(server_round, horizon), q_power=q_power)}
         if not sigma < FLOAT32_MAX:  # the noisy upload would be inf on the float32 wire: say what set sigma
             raise ValueError(
                 f"DP noise std sigma = {sigma:.3g} is beyond the float32 range of the upload ({FLOAT32_MAX:.3g}): "
@@ -165,20 +189,21 @@ class BroadcastClient(FedClient):
                 f"per-round epsilon {eps_round:.3g} (epsilon {eps_total:g}, q = {q:.3g}, delta {delta:g}): lower the "
                 "privacy calibration's clip_norm or raise its epsilon")
         ledger = self.load_ledger(delta)
-        ledger.record(eps_round, sigma / sensitivity if sensitivity > 0 else 0.0)
-        eps_rdp = ledger.rdp_epsilon(delta)
-        if self.max_epsilon is not None and not eps_rdp <= self.max_epsilon:
-            raise ValueError(f"refused: this release would take the device's RDP epsilon to {eps_rdp:.4g} > its "
-                             f"floor max_epsilon = {self.max_epsilon} (delta = {delta})")
+        z_used = sigma / sensitivity if sensitivity > 0 else 0.0
+        ledger.record(eps_round, z_used)
+        eps_gdp = ledger.gdp_epsilon(delta)
+        if self.max_epsilon is not None and not eps_gdp <= self.max_epsilon:
+            raise ValueError(f"refused: this release would take the device's epsilon to {eps_gdp:.4g} (exact, GDP) > "
+                             f"its floor max_epsilon = {self.max_epsilon} (delta = {delta})")
         noisy = add_gaussian_noise(values, sigma, self.rng(server_round, STREAM_NOISE))  # (11)/(19)
         self.save_ledger(ledger)
         eps_basic, delta_basic = ledger.basic_composition()
         return noisy, {
-            "q": q, "eps_round": eps_round, "sensitivity": sensitivity, "sigma": sigma,
+            "q": q, "eps_round": eps_round, "sensitivity": sensitivity, "sigma": sigma, "noise_multiplier": z_used,
+            "sample_rate": 1.0,  # no amplification is claimed: the server knows who takes part (module docstring)
             "eps_round_gt_1": int(eps_round > 1.0),  # Lemma 1 needs eps < 1 (spec caveat 1)
-            "eps_eq36": total_privacy_eq36(eps_round, c0, q, p, min(server_round, horizon), q_power=q_power),
-            "eps_rdp": eps_rdp, "eps_basic": eps_basic, "delta_basic": delta_basic,
-            "participations": len(ledger.eps_rounds),
+            **paper, "eps_gdp": eps_gdp, "eps_rdp": ledger.rdp_epsilon(delta), "eps_basic": eps_basic,
+            "delta_basic": delta_basic, "participations": len(ledger.eps_rounds),
         }
 
     def encode(self, idx: NDArray[np.int64], values: FloatArray) -> tuple[list[NDArray[Any]], int | None]:

@@ -42,6 +42,9 @@ class RunFailed(RuntimeError):
 
 #: what each privacy figure in a results.json summary is (only the keys a run reports are echoed)
 ACCOUNTANT_DOCS = {
+    "eps_gdp": "Gaussian DP (Dong, Roth & Su 2022): the exact epsilon of the composed Gaussian releases, no "
+               "subsampling amplification (the server samples and sees every upload), worst client; the "
+               "calibration target of dp-calibration = gdp",
     "eps_eq36": "seed 000: paper eq. (36) (moments-accountant bound, constant c0), worst client",
     "eps_rdp": "Renyi-DP composition of the per-round Gaussian mechanisms (Opacus RDP analysis), no subsampling "
                "amplification, worst client",
@@ -59,6 +62,29 @@ def accountant_docs(privacy: dict[str, float]) -> dict[str, str]:
     out = {k: ACCOUNTANT_DOCS[k] for k in privacy if k in ACCOUNTANT_DOCS}
     if any(k.startswith("eps_agent") for k in privacy):
         out["eps_agent<i>"] = "seed 001: agent i's own zCDP budget over its activations, Prop. 4 conversion"
+    return out
+
+
+#: summary key -> (accountant name, rigorous?) of the named entries in results.json's summary["privacy_by_accountant"]
+_ACCOUNTANT_NAMES = {"eps_gdp": ("gdp", True), "eps_rdp": ("rdp", True), "eps_basic": ("basic composition", False),
+                     "eps_eq36": ("paper eq. (36)", False), "eps_advanced": ("advanced composition", True),
+                     "eps_theorem3_realised": ("paper Theorem 3 (zCDP)", True), "dpq_eps": ("paper Theorem 1", False)}
+#: algorithm family -> the unit the sensitivity protects
+_UNITS = {"iadmm": "one sample of an agent's data", "recal": "one sample of an agent's data",
+          "dpq": "one sample of a node's data"}
+
+
+def privacy_entries(cfg: RunConfig, privacy: dict[str, float]) -> list[dict[str, Any]]:
+    """Each accountant of the run, named: ``{accountant, epsilon, delta, unit, rigorous}`` (worst client)."""
+    unit = next((u for fam, u in _UNITS.items() if fam in cfg.algorithm), "one record of a client's data")
+    out = []
+    for key, value in privacy.items():
+        if key not in _ACCOUNTANT_NAMES:
+            continue
+        name, rigorous = _ACCOUNTANT_NAMES[key]
+        delta = privacy.get("delta_basic") if key == "eps_basic" else privacy.get(
+            "dpq_delta_hat" if key == "dpq_eps" else "delta_advanced" if key == "eps_advanced" else "", cfg.delta)
+        out.append({"accountant": name, "epsilon": value, "delta": delta, "unit": unit, "rigorous": rigorous})
     return out
 
 
@@ -148,6 +174,7 @@ def finish(
         "wall_s": wall_s,
         "privacy": strategy.privacy_summary(),
         "privacy_accountants": accountant_docs(strategy.privacy_summary()),
+        "privacy_by_accountant": privacy_entries(cfg, strategy.privacy_summary()),
     }
     out = resolve_out_dir(cfg, out_dir)
     config = {**ALGORITHMS[cfg.algorithm].used_config(cfg), "out-dir": str(out)}

@@ -297,23 +297,36 @@ def random_geometric(n: int, radius: float, seed: int, max_tries: int = 1000) ->
                      f"{math.sqrt(math.log(n) / (math.pi * n)):.3g})")
 
 
+#: largest edge file read (a graph of ~10^5 edges); a larger file is refused unread
+MAX_EDGE_FILE_BYTES = 4 * 2**20
+
+
 def _read_edge_file(path: str, n: int) -> list[tuple[int, int]]:
-    """Edges from a text file of ``i j`` lines (whitespace or comma separated; ``#`` comments, blank lines ok)."""
+    """Edges from a text file of ``i j`` lines (whitespace or comma separated; ``#`` comments, blank lines ok).
+
+    An error names the path and the line number, never the line's content: a config that points at another file
+    (``edges:/etc/passwd``) must not echo it into logs and error replies.
+    """
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"graph spec 'edges:{path}': no such file")
+    size = p.stat().st_size
+    if size > MAX_EDGE_FILE_BYTES:
+        raise ValueError(f"{path}: {size} bytes, more than an edge file may hold ({MAX_EDGE_FILE_BYTES})")
+    try:
+        text = p.read_bytes()[:MAX_EDGE_FILE_BYTES + 1].decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not an ASCII text file of 'i j' lines") from None
     edges: list[tuple[int, int]] = []
-    for lineno, raw in enumerate(p.read_text().splitlines(), start=1):
+    for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].replace(",", " ").strip()
         if not line:
             continue
         parts = line.split()
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            i, j = int(parts[0]), int(parts[1])
-        except ValueError:
-            raise ValueError(f"{path}:{lineno}: expected two integers 'i j', got {raw!r}") from None
+        if len(parts) != 2 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"{path}:{lineno}: expected two non-negative integers 'i j' "
+                             f"({len(parts)} field(s) there)")
+        i, j = int(parts[0]), int(parts[1])
         if not (0 <= i < n and 0 <= j < n):
             raise ValueError(f"{path}:{lineno}: edge ({i}, {j}) out of range 0..{n - 1} (n = {n})")
         edges.append((i, j))

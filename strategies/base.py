@@ -438,6 +438,10 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         Seconds to wait for nodes and for each exchange (default 120).
     eval_every
         Run ``evaluate_fn`` every this many rounds, and always in the last (default 1).
+    max_update_norm, update_norm_factor
+        The norm screen of the replies (:meth:`screen_update_norms`): a reply whose update norm exceeds
+        ``max_update_norm`` (default None: no absolute bound) or ``update_norm_factor`` times the round's median
+        (default 10, with at least 3 replies; None: off) is rejected before it touches the model.
     arrayrecord_key, configrecord_key
         Names of the records in the messages (Flower's defaults "arrays" and "config").
     """
@@ -453,6 +457,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         require_partition_ids: bool = False,
         node_wait_s: float = 120.0,
         eval_every: int = 1,
+        max_update_norm: float | None = None,
+        update_norm_factor: float | None = 10.0,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
     ) -> None:
@@ -473,6 +479,15 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self.seed_was_given = seed is not None
         self.require_partition_ids = bool(require_partition_ids)
         self.node_wait_s = float(node_wait_s)
+        for norm_name, norm_value in (("max_update_norm", max_update_norm), ("update_norm_factor", update_norm_factor)):
+            if norm_value is not None and (isinstance(norm_value, bool) or not isinstance(norm_value, int | float)
+                                           or not 0 < norm_value < math.inf):
+                raise ValueError(f"{norm_name} must be a finite number > 0 or None, got {norm_value!r}")
+        if update_norm_factor is not None and update_norm_factor < 1:
+            raise ValueError(f"update_norm_factor must be >= 1 (a factor below the median rejects honest replies), "
+                             f"got {update_norm_factor!r}")
+        self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
+        self.update_norm_factor = None if update_norm_factor is None else float(update_norm_factor)
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
         self.node_of: dict[int, int] = {}  # client id -> node id
@@ -707,7 +722,35 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         bad = sorted(k for k, v in m.items() if not _metric_ok(v))
         if bad:
             raise MalformedPayload(f"non-finite metric(s) {bad}")
+        bad = sorted(k for k, v in m.items() if "accuracy" in k and not (isinstance(v, int | float) and 0 <= v <= 1))
+        if bad:
+            raise MalformedPayload(f"accuracy metric(s) {bad} outside [0, 1]")
         return m
+
+    def update_vector(self, server_round: int, client: int, update: Any) -> FloatArray | None:
+        """The change a decoded reply asks of the model (for the norm screen); None: nothing to screen (masked)."""
+        return None
+
+    def screen_update_norms(self, server_round: int, updates: dict[int, Any]) -> None:
+        """Reject the replies whose update norm exceeds the bound, before any of them touches the state.
+
+        The bound is ``max_update_norm`` when set, and ``update_norm_factor`` times the median norm of the round's
+        replies when there are at least 3 (a median of fewer is not robust; then only ``max_update_norm``
+        applies). One huge but finite reply (3e38 in float32) would otherwise move every coordinate of the model.
+        """
+        norms = {cid: float(np.linalg.norm(v)) for cid, upd in updates.items()
+                 if (v := self.update_vector(server_round, cid, upd)) is not None}
+        bound = math.inf if self.max_update_norm is None else self.max_update_norm
+        why = f"max_update_norm = {self.max_update_norm:g}" if self.max_update_norm is not None else ""
+        if self.update_norm_factor is not None and len(norms) >= 3:
+            relative = self.update_norm_factor * float(np.median(list(norms.values())))
+            if relative < bound:
+                bound, why = relative, f"{self.update_norm_factor:g} x the round's median update norm"
+        for cid, norm in norms.items():
+            if not norm <= bound:
+                self.reject(server_round, self.node_of.get(cid, cid), f"update norm {norm:.4g} exceeds {bound:.4g} "
+                            f"({why})")
+                del updates[cid]
 
     def consume_replies(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> MetricRecord:
         """Validate, decode and aggregate the replies; a bad reply is logged and skipped.
@@ -735,6 +778,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                 updates[cid], metrics[cid] = self.decode_reply(server_round, cid, content)
             except (MalformedPayload, LayoutMismatch, ValueError, KeyError, TypeError) as err:
                 self.reject(server_round, node_id, str(err))
+        self.screen_update_norms(server_round, updates)
+        metrics = {cid: m for cid, m in metrics.items() if cid in updates}
         missing = self._acc["sent"] - len(replies)
         if missing > 0:
             log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)

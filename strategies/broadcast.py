@@ -16,7 +16,9 @@ from fedapp.algorithms.fedpdm import step_size
 from fedapp.compression.codec import SparseVector, decode_vector, encode_dense, encode_sparse
 from fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
 from fedapp.compression.sparsify import RandK, TopK
-from fedapp.privacy.gaussian import Eq36Calibration
+from fedapp.layout import FloatArray
+from fedapp.privacy.gaussian import Calibration, Eq36Calibration, GaussianTarget
+from fedapp.privacy.protocol import privacy_guard
 from strategies.base import FederatedStrategy, Scalar
 
 __all__ = ["BroadcastStrategy", "round_diagnostics"]
@@ -33,6 +35,13 @@ def round_diagnostics(counts: NDArray[np.int64], metrics: dict[int, dict[str, An
     if sig:
         diag["mean_sigma"] = float(np.mean(sig))
         diag["mean_eps_round"] = float(np.mean([m.get("eps_round", np.nan) for m in metrics.values()]))
+        # what another library needs to recompute every figure: the mechanism's z = sigma / S, its sample rate
+        # (1: no amplification claimed) and the most releases any client made so far
+        zs = [m["noise_multiplier"] for m in metrics.values() if "noise_multiplier" in m]
+        if zs:
+            diag["noise_multiplier"] = float(min(zs))  # the least noise of the round: the worst client's
+            diag["sample_rate"] = float(max(m.get("sample_rate", 1.0) for m in metrics.values()))
+            diag["releases"] = float(max(m.get("participations", 0) for m in metrics.values()))
     return diag
 
 
@@ -61,14 +70,15 @@ class BroadcastStrategy(FederatedStrategy):
         :class:`strategies.base.FederatedStrategy`'s arguments (fraction_train, min_available_nodes, seed, ...).
     """
 
-    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
-    RIGOROUS_PRIVACY = ("eps_rdp", "rdp (device ledgers)")
-    privacy_label = "eps(36)"
+    PRIVACY_KEYS = ("eps_eq36", "eps_gdp", "eps_rdp", "eps_basic", "delta_basic")
+    RIGOROUS_PRIVACY = ("eps_gdp", "gdp (device ledgers)")
 
     def __init__(self, *, eta0: float = 0.04, max_local_steps: int = 10, batch_size: int | None = None,
-                 uplink: TopK | None = None, downlink: TopK | None = None, privacy: Eq36Calibration | None = None,
+                 uplink: TopK | None = None, downlink: TopK | None = None, privacy: Calibration | None = None,
                  accountant: Any = None, **federation: Any) -> None:
         super().__init__(**federation)
+        if accountant is None and isinstance(privacy, GaussianTarget):
+            accountant = privacy_guard(privacy)  # the target is also the budget the run may not pass
         self.set_accountant(accountant)
         if not (isinstance(eta0, int | float) and eta0 > 0 and np.isfinite(eta0)):
             raise ValueError(f"eta0 must be a finite number > 0, got {eta0!r}")
@@ -79,8 +89,8 @@ class BroadcastStrategy(FederatedStrategy):
             raise TypeError(f"uplink must be TopK(...) or RandK(...), got {type(uplink).__name__}")
         if downlink is not None and (not isinstance(downlink, TopK) or isinstance(downlink, RandK)):
             raise TypeError(f"downlink must be TopK(...) (the server sends its largest entries), got {downlink!r}")
-        if privacy is not None and not isinstance(privacy, Eq36Calibration):
-            raise TypeError(f"privacy must be an Eq36Calibration, got {type(privacy).__name__}")
+        if privacy is not None and not isinstance(privacy, Eq36Calibration | GaussianTarget):
+            raise TypeError(f"privacy must be GaussianTarget(...) or Eq36Calibration(...), got {type(privacy).__name__}")
         self.eta0 = float(eta0)
         self.max_local_steps = max_local_steps
         self.batch_size = batch_size
@@ -119,11 +129,7 @@ class BroadcastStrategy(FederatedStrategy):
         p = self.privacy
         cfg["dp"] = p is not None
         if p is not None:
-            cfg.update({
-                "clip": p.clip_norm, "dp-epsilon": p.epsilon, "dp-delta": p.delta, "dp-c0": p.c0,
-                "dp-q-power": p.q_power, "dp-horizon": p.horizon or self.num_rounds,
-                "dp-participation": self.sample_size() / self.num_clients,
-            })
+            cfg.update(p.message_config(self.num_rounds, self.sample_size() / self.num_clients))
         return cfg
 
     def round_config(self) -> dict[str, Scalar]:
@@ -144,11 +150,21 @@ class BroadcastStrategy(FederatedStrategy):
             raise ValueError(f"expected k={k} uploaded values, got {v.k}")
         return v
 
+    def update_vector(self, server_round: int, client: int, update: Any) -> FloatArray | None:
+        """The uploaded entries minus the global model's there (y_i - x on the upload's support)."""
+        return np.asarray(update.values - self.x[update.indices], dtype=np.float64)
+
     def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
-        """results.json's (epsilon, delta): the worst client's eq. (36) figure (seed 000)."""
-        if self.privacy is not None and "eps_eq36" in priv:
-            return float(priv["eps_eq36"]), self.privacy.delta
+        """results.json's (epsilon, delta): the worst client's figure of the calibration's own accountant (the
+        exact GDP epsilon for a GaussianTarget, eq. (36) for the paper's calibration)."""
+        key = "eps_gdp" if isinstance(self.privacy, GaussianTarget) else "eps_eq36"
+        if self.privacy is not None and key in priv:
+            return float(priv[key]), self.privacy.delta
         return None, None
+
+    @property
+    def privacy_label(self) -> str:  # type: ignore[override]
+        return "eps(gdp)" if isinstance(self.privacy, GaussianTarget) else "eps(36)"
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "eta0": self.eta0, "max_local_steps": self.max_local_steps,

@@ -426,6 +426,11 @@ class FedREP(FederatedStrategy):
             raise MalformedPayload("upload has non-finite values")
         return x
 
+    def update_vector(self, server_round: int, client: int, update: Any) -> FloatArray | None:
+        """A plain upload is the update on I^t itself; a masked one cannot be screened (the buffer means are,
+        by the robust aggregator)."""
+        return None if self.masked else np.asarray(update, dtype=np.float64)
+
     def buffer_means(self, server_round: int, updates: dict[int, Any]) -> tuple[list[FloatArray], list[int]]:
         """S4 with plain uploads: the mean of each complete buffer."""
         buffers: list[list[int]] = self.rs["buffers"]

@@ -36,7 +36,8 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Result
 
 from fedapp.algorithms.fedpdm import step_size
 from fedapp.layout import ArrayLayout, FloatArray
-from fedapp.privacy.gaussian import Eq36Calibration
+from fedapp.privacy.gaussian import Calibration, GaussianTarget
+from fedapp.privacy.protocol import privacy_guard
 from fedapp.wire import recorddict_nbytes
 from strategies.base import EvaluateFn, RoundBookkeeping, arrays_of, client_error_text
 
@@ -75,14 +76,15 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         proximal_mu for FedProx). fraction_evaluate defaults to 0.
     """
 
-    PRIVACY_KEYS = ("eps_eq36", "eps_rdp", "eps_basic", "delta_basic")
-    RIGOROUS_PRIVACY = ("eps_rdp", "rdp (device ledgers)")
-    privacy_label = "eps(36)"
+    PRIVACY_KEYS = ("eps_eq36", "eps_gdp", "eps_rdp", "eps_basic", "delta_basic")
+    RIGOROUS_PRIVACY = ("eps_gdp", "gdp (device ledgers)")
 
     def __init__(self, *, eta0: float = 0.04, max_local_steps: int = 10, batch_size: int | None = None,
-                 gamma: float = 0.0, privacy: Eq36Calibration | None = None, eval_every: int = 1,
+                 gamma: float = 0.0, privacy: Calibration | None = None, eval_every: int = 1,
                  accountant: Any = None, **flower: Any) -> None:
         self.init_bookkeeping(eval_every=eval_every)
+        if accountant is None and isinstance(privacy, GaussianTarget):
+            accountant = privacy_guard(privacy)  # the target is also the budget the run may not pass
         self.set_accountant(accountant)
         self.eta0, self.max_local_steps, self.batch_size = float(eta0), max_local_steps, batch_size
         self.gamma, self.dp = float(gamma), privacy
@@ -114,9 +116,14 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         self.x = ArrayLayout.of(named).flatten(named)
 
     def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
-        if self.dp is not None and "eps_eq36" in priv:
-            return float(priv["eps_eq36"]), self.dp.delta
+        key = "eps_gdp" if isinstance(self.dp, GaussianTarget) else "eps_eq36"
+        if self.dp is not None and key in priv:
+            return float(priv[key]), self.dp.delta
         return None, None
+
+    @property
+    def privacy_label(self) -> str:  # type: ignore[override]
+        return "eps(gdp)" if isinstance(self.dp, GaussianTarget) else "eps(36)"
 
     def summary(self) -> None:
         log(INFO, "%s (Flower built-in) with our local-SGD client: eta0=%s max_local_steps=%d gamma=%s dp=%s",
@@ -140,9 +147,7 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         if self.batch_size is not None:
             cfg["batch-size"] = self.batch_size
         if self.dp is not None:
-            cfg.update({"clip": self.dp.clip_norm, "dp-epsilon": self.dp.epsilon, "dp-delta": self.dp.delta,
-                        "dp-c0": self.dp.c0, "dp-q-power": self.dp.q_power,
-                        "dp-horizon": self.dp.horizon or self.num_rounds, "dp-participation": participation})
+            cfg.update(self.dp.message_config(self.num_rounds, participation))
         return cfg
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:

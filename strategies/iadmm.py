@@ -212,6 +212,10 @@ class ConsensusADMM(FederatedStrategy):
             raise MalformedPayload(f"expected all d={self.dim} entries of z_p, got {v.k}")
         return v
 
+    def update_vector(self, server_round: int, client: int, update: Any) -> Any:
+        """z_p^{t+1} - w^t: the agent's local model against the consensus it was sent."""
+        return update.to_dense() - self.x
+
     def dual_mismatches(self, metrics: dict[int, dict[str, Any]]) -> tuple[int, float]:
         """Agents whose reported dual CRC differs from the server copy, and the largest relative gap of ||lambda||^2."""
         bad, gap = 0, 0.0

@@ -51,6 +51,10 @@ class Scaffold(LocalSGDStrategy):
             raise ValueError(f"expected k={k} uploaded values, got {dy.k}")
         return dy, dc
 
+    def update_vector(self, server_round: int, client: int, update: Any) -> Any:
+        """Delta y_i (on its support): SCAFFOLD's clients upload the change itself."""
+        return np.asarray(update[0].values, dtype=np.float64)
+
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
         pids = sorted(updates)
         self.x, self.c, counts = scaffold_server_update(

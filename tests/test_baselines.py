@@ -38,7 +38,7 @@ from strategies.flower_builtin import FlowerOnlyError, FlwrFedAvg, FlwrFedProx
 FloatArray = NDArray[np.float64]
 BASE = ("fedavg", "fedprox", "scaffold", "feddyn")
 SMALL = {"dataset": "synthetic", "partitioner": "iid", "num-clients": 6, "clients-per-round": 3, "num-server-rounds": 3,
-         "batch-size": 10, "eta0": 0.05, "alpha-up": 0.1, "alpha-down": 0.5}
+         "batch-size": 10, "eta0": 0.05, "alpha-up": 0.1, "alpha-down": 0.5, "dp-calibration": "eq36", "delta": 1e-4}
 
 
 class Quadratic:

@@ -134,8 +134,10 @@ def test_server_step_is_prox_of_mean() -> None:
 
 
 # ----------------------------------------------------------------------------- whole algorithm, in-process driver
+# the paper's calibration (36) at its delta: these tests check the seed-000 formulas (test_honest_dp.py checks
+# the project's default, the rigorous "gdp")
 SMALL = {"dataset": "synthetic", "partitioner": "iid", "num-clients": 6, "clients-per-round": 3, "num-server-rounds": 4,
-         "batch-size": 10, "eta0": 0.05}
+         "batch-size": 10, "eta0": 0.05, "dp-calibration": "eq36", "delta": 1e-4}
 
 
 def test_bsdp_with_alpha_one_equals_dp_fedpdm_with_noise() -> None:

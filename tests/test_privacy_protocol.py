@@ -198,9 +198,10 @@ def test_dp_fedpdm_accounts_each_client_on_the_server_and_stops_before_the_budge
     free, ctx = run(None, 4)
     ledgers = [PrivacyLedger.from_record(c.state.config_records[LEDGER]) for c in ctx.values()]
     assert all(len(led) == 4 for led in ledgers)
-    spent = free.privacy_spent()  # no server accountant: the devices' own RDP figures, worst client
-    assert spent.epsilon == pytest.approx(max(led.rdp_epsilon() for led in ledgers)) and spent.num_releases == 4
-    assert spent.accounting_method.startswith("rdp")
+    spent = free.privacy_spent()  # no server accountant: the devices' own exact (GDP) figures, worst client
+    assert spent.epsilon == pytest.approx(max(led.gdp_epsilon() for led in ledgers)) and spent.num_releases == 4
+    assert spent.accounting_method.startswith("gdp")
+    assert all(led.gdp_epsilon() < led.rdp_epsilon() for led in ledgers)  # RDP's conversion is an upper bound
     # the exact epsilon of 2 and 3 releases of the worst device, from its ledger, by dp-accounting's PLD
     worst = max(ledgers, key=lambda led: led.rdp_epsilon())
     eps_at = []

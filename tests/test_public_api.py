@@ -228,7 +228,7 @@ def _one_client_reply(client: FedClient, content: RecordDict) -> RecordDict | st
 def test_a_device_floor_refuses_a_noiseless_or_over_budget_release() -> None:
     data = DataLoader(images(100, 0), batch_size=10)
     ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
-    for privacy, why in [(None, "without noise"), (Eq36Calibration(epsilon=50.0, delta=1e-5), "RDP epsilon")]:
+    for privacy, why in [(None, "without noise"), (Eq36Calibration(epsilon=50.0, delta=1e-5), "exact, GDP")]:
         s = DPFedPDM(min_available_nodes=1, min_train_nodes=1, privacy=privacy, seed=0)
         s.initialize(ArrayRecord(TinyCNN().state_dict()))
         s.prepare(3)

@@ -35,7 +35,13 @@ def test_results_json_follows_the_contract(tmp_path: Path) -> None:
     assert doc["final"] == doc["rounds"][-1] and doc["final"]["test_accuracy"] is not None
     # the echoed config is what the algorithm read, and reproduces the run
     assert doc["config"]["alpha-up"] == cfg.alpha_up and "mu" not in doc["config"]
-    assert set(doc["summary"]["privacy_accountants"]) == {"eps_eq36", "eps_rdp", "eps_basic"}
+    assert set(doc["summary"]["privacy_accountants"]) == {"eps_gdp", "eps_rdp", "eps_basic"}
+    named = {e["accountant"]: e for e in doc["summary"]["privacy_by_accountant"]}
+    assert set(named) == {"gdp", "rdp", "basic composition"} and named["gdp"]["rigorous"]
+    assert named["gdp"]["unit"] == "one record of a client's data" and named["gdp"]["delta"] == cfg.delta
+    assert named["gdp"]["epsilon"] <= cfg.epsilon_total * (1 + 1e-9) <= named["rdp"]["epsilon"]
+    # what another library needs to recompute the figures is in every round
+    assert all({"noise_multiplier", "sample_rate", "releases"} <= set(r) for r in doc["rounds"])
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
     np.testing.assert_array_equal(np.load(tmp_path / "model.npy"), strategy.global_model())
     rerun = parse_run_config({k: v for k, v in doc["config"].items() if k != "out-dir"})

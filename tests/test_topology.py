@@ -163,9 +163,19 @@ def test_parse_graph_errors_name_the_spec(spec: str, match: str) -> None:
 def test_parse_graph_edge_file_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.txt"
     bad.write_text("0 1\n1 x\n")
-    with pytest.raises(ValueError, match=r"bad\.txt:2: expected two integers") as err:
+    with pytest.raises(ValueError, match=r"bad\.txt:2: expected two non-negative integers") as err:
         parse_graph(f"edges:{bad}", 3)
     assert "bad graph spec 'edges:" in str(err.value)
+    # a config pointing at another file gets the path and line number back, never the file's content
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:hunter2:/root:/bin/bash\n")
+    with pytest.raises(ValueError, match=r"passwd:1: expected two") as err:
+        parse_graph(f"edges:{secret}", 3)
+    assert "hunter2" not in str(err.value) and "/bin/bash" not in str(err.value)
+    binary = tmp_path / "blob"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match="not an ASCII text file") as err:
+        parse_graph(f"edges:{binary}", 3)
     rng_ = tmp_path / "range.txt"
     rng_.write_text("0 1\n1 7\n")
     with pytest.raises(ValueError, match=r"range\.txt:2: edge \(1, 7\) out of range"):

@@ -15,7 +15,7 @@ from fedapp.task import Evaluator, build_model
 
 if TYPE_CHECKING:
     from fedapp.compression.sparsify import TopK
-    from fedapp.privacy.gaussian import Eq36Calibration
+    from fedapp.privacy.gaussian import Eq36Calibration, GaussianTarget
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
@@ -30,12 +30,16 @@ def federation(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def eq36(cfg: RunConfig) -> Eq36Calibration | None:
-    """The paper's calibration (36) from the dp / epsilon-total / delta / clip-norm / c0 keys, or None."""
-    from fedapp.privacy.gaussian import Eq36Calibration
+def calibration(cfg: RunConfig) -> GaussianTarget | Eq36Calibration | None:
+    """The Gaussian calibration of the dp / dp-calibration / epsilon-total / delta / clip-norm keys (and c0,
+    privacy-q-power for the paper's (36)), or None without DP."""
+    from fedapp.privacy.gaussian import Eq36Calibration, GaussianTarget
 
     if not cfg.dp:
         return None
+    if cfg.dp_calibration == "gdp":
+        return GaussianTarget(epsilon=cfg.epsilon_total, delta=cfg.delta, clip_norm=cfg.clip_norm,
+                              horizon=cfg.privacy_horizon or None)
     return Eq36Calibration(epsilon=cfg.epsilon_total, delta=cfg.delta, clip_norm=cfg.clip_norm, c0=cfg.c0,
                            q_power=cfg.privacy_q_power, horizon=cfg.privacy_horizon or None)
 
@@ -80,8 +84,8 @@ def node_of(context: Context) -> tuple[int, int]:
 
 
 __all__ = [
+    "calibration",
     "codecs",
-    "eq36",
     "evaluate_fn",
     "federation",
     "local_loop",

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context
 
-from fedapp.apps.common import codecs, eq36, federation, local_loop, node_of
+from fedapp.apps.common import calibration, codecs, federation, local_loop, node_of
 from fedapp.config import RunConfig
 from fedapp.task import build_model, client_dataset
 
@@ -23,7 +23,7 @@ def broadcast_strategy(cfg: RunConfig) -> FederatedStrategy:
     from strategies.scaffold import Scaffold
 
     alg = cfg.algorithm
-    common: dict[str, Any] = {**federation(cfg), **local_loop(cfg), "privacy": eq36(cfg),
+    common: dict[str, Any] = {**federation(cfg), **local_loop(cfg), "privacy": calibration(cfg),
                               **codecs(cfg, alg.endswith("-sparse") or alg == "bsdp-fedpdm")}
     base = alg.removesuffix("-sparse")
     if base in ("dp-fedpdm", "bsdp-fedpdm"):
@@ -44,7 +44,7 @@ def flower_builtin_strategy(cfg: RunConfig) -> Any:
     from strategies.flower_builtin import FlwrFedAvg, FlwrFedProx
 
     kw: dict[str, Any] = {
-        **local_loop(cfg), "gamma": cfg.gamma, "privacy": eq36(cfg), "eval_every": cfg.eval_every,
+        **local_loop(cfg), "gamma": cfg.gamma, "privacy": calibration(cfg), "eval_every": cfg.eval_every,
         "fraction_train": cfg.clients_per_round / cfg.num_clients, "min_train_nodes": cfg.clients_per_round,
         "min_available_nodes": cfg.num_clients,
     }

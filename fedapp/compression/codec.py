@@ -237,6 +237,8 @@ def _floating(arrays: Mapping[str, Any], key: str) -> NDArray[np.float64]:
         raise MalformedPayload(f"{key!r} has wrong dtype {arr.dtype}, expected a floating dtype")
     if not np.all(np.isfinite(arr)):
         raise MalformedPayload(f"{key!r} contains non-finite values (NaN or Inf)")
+    if arr.size and float(np.max(np.abs(arr))) > FLOAT32_MAX:  # no float32 encoder can have sent it
+        raise MalformedPayload(f"{key!r} holds a value beyond float32's range ({float(np.max(np.abs(arr))):.3g})")
     return arr.astype(np.float64)
 
 

@@ -7,6 +7,7 @@ metrics (uplink) record, since MetricRecords cannot carry strings.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,8 @@ def to_arrays(encoded: dict[str, NDArray[Any]]) -> tuple[list[NDArray[Any]], int
 
 def from_arrays(arrays: list[NDArray[Any]], code: Any) -> dict[str, NDArray[np.generic]]:
     """(positional list, format code) -> codec dict, rejecting a code or array count that does not match."""
-    if isinstance(code, bool) or not isinstance(code, int | float) or int(code) not in _LAYOUT or int(code) != code:
+    if (isinstance(code, bool) or not isinstance(code, int | float) or not math.isfinite(code)
+            or int(code) not in _LAYOUT or int(code) != code):
         raise MalformedPayload(f"'{FORMAT_KEY}' must be one of {sorted(_LAYOUT)}, got {code!r}")
     keys = _LAYOUT[int(code)]
     if len(arrays) != len(keys):

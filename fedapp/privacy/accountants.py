@@ -10,6 +10,13 @@ two named accountants:
   eps_t < 1 (spec 4.6, caveat 1).
 * **RDP** (Mironov 2017) of the Gaussian mechanism with noise multiplier z_t, composed over participations and
   converted to (eps, delta) with Opacus's ``opacus.accountants.analysis.rdp``. This holds for any epsilon.
+* **GDP** (Dong, Roth & Su 2022; :mod:`fedapp.privacy.gdp`): the exact privacy of the composed Gaussian releases,
+  ``mu = sqrt(sum_t 1 / z_t^2)``; no valid accountant reports less. The device's floor is checked with it.
+
+Both rigorous figures are kept incrementally (the running ``sum 1 / z_t^2`` and the RDP vector over Opacus's
+orders), so a release costs O(1) whatever the history; the lists of per-round values stay for other libraries to
+recompute every figure. :meth:`PrivacyLedger.save` / :meth:`PrivacyLedger.load` keep a device's ledger in a file,
+so its spend accumulates across runs.
 
 The paper's own total, eq. (36), is :func:`fedapp.privacy.gaussian.total_privacy_eq36`. No amplification by
 subsampling is claimed by either accountant here: the server knows which clients participate, and the
@@ -18,15 +25,29 @@ sensitivity bound (35) is worst-case over mini-batches, so each participation is
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import warnings
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
+from pathlib import Path
 
 __all__ = ["PrivacyLedger"]
+
+
+def _rdp_orders() -> list[float]:
+    from opacus.accountants import RDPAccountant
+
+    return [float(a) for a in RDPAccountant.DEFAULT_ALPHAS]
+
+
+@functools.lru_cache(maxsize=256)
+def _release_rdp(z: float) -> tuple[float, ...]:
+    """RDP of one Gaussian release with noise multiplier z at Opacus's default orders (sample rate 1)."""
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    return tuple(float(v) for v in compute_rdp(q=1.0, noise_multiplier=z, steps=1, orders=_rdp_orders()))
 
 
 def _check_delta(delta: float) -> None:
@@ -51,6 +72,10 @@ class PrivacyLedger:
     delta: float
     eps_rounds: list[float] = field(default_factory=list)
     noise_multipliers: list[float] = field(default_factory=list)
+    #: running sum of 1 / z_t^2 (inf once a release had no noise): the GDP state
+    inv_sq_sum: float = 0.0
+    #: running RDP vector at Opacus's default orders (empty: nothing recorded)
+    rdp: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_delta(self.delta)
@@ -61,10 +86,26 @@ class PrivacyLedger:
             )
         self.eps_rounds = [float(e) for e in self.eps_rounds]
         self.noise_multipliers = [float(z) for z in self.noise_multipliers]
+        if self.noise_multipliers and not self.rdp:  # a record written before the running state existed
+            zs, self.noise_multipliers, self.inv_sq_sum = self.noise_multipliers, [], 0.0
+            for z in zs:
+                self._compose(z)
+                self.noise_multipliers.append(z)
+        self.rdp = [float(v) for v in self.rdp]
+        self.inv_sq_sum = float(self.inv_sq_sum)
 
     def __len__(self) -> int:
         """Number of recorded participations."""
         return len(self.eps_rounds)
+
+    def _compose(self, z: float) -> None:
+        if z == 0.0:
+            self.inv_sq_sum = math.inf
+            self.rdp = [math.inf] * len(_rdp_orders())
+            return
+        self.inv_sq_sum += 1.0 / (z * z)
+        one = _release_rdp(z)
+        self.rdp = list(one) if not self.rdp else [a + b for a, b in zip(self.rdp, one, strict=True)]
 
     def record(self, eps_round: float, noise_multiplier: float) -> None:
         """Append one participation.
@@ -80,8 +121,20 @@ class PrivacyLedger:
             raise ValueError(f"eps_round must be > 0, got {eps_round!r}")
         if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0.0):
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+        self._compose(float(noise_multiplier))
         self.eps_rounds.append(float(eps_round))
         self.noise_multipliers.append(float(noise_multiplier))
+
+    def gdp_epsilon(self, delta: float | None = None) -> float:
+        """The exact epsilon of the composed releases at ``delta`` (Gaussian DP; 0 with nothing recorded, inf if a
+        release had no noise)."""
+        from fedapp.privacy import gdp
+
+        target = self.delta if delta is None else delta
+        _check_delta(target)
+        if not math.isfinite(self.inv_sq_sum):
+            return math.inf
+        return gdp.epsilon_for(target, gdp.mu_of(self.inv_sq_sum))
 
     def basic_composition(self) -> tuple[float, float]:
         """Basic composition (Dwork & Roth, Thm. 3.16) of the recorded per-round guarantees.
@@ -114,23 +167,14 @@ class PrivacyLedger:
         _check_delta(target)
         if not self.noise_multipliers:
             return 0.0
-        if any(z == 0.0 for z in self.noise_multipliers):
+        if not math.isfinite(self.inv_sq_sum):
             return math.inf
-        # Imported lazily: importing opacus pulls in torch, which the numpy-only paths never need.
-        from opacus.accountants import RDPAccountant
-        from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+        from opacus.accountants.analysis.rdp import get_privacy_spent
 
-        orders = list(RDPAccountant.DEFAULT_ALPHAS)
-        # Identical multipliers compose as `steps` repetitions; grouping keeps one compute_rdp call per value.
-        rdp = np.zeros(len(orders), dtype=np.float64)
-        for z, count in Counter(self.noise_multipliers).items():
-            rdp = rdp + np.asarray(
-                compute_rdp(q=1.0, noise_multiplier=z, steps=count, orders=orders), dtype=np.float64
-            )
         with warnings.catch_warnings():
             # Opacus warns when the best order is at the edge of the grid; the bound is still valid, only looser.
             warnings.filterwarnings("ignore", message="Optimal order is the")
-            eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=target)
+            eps, _ = get_privacy_spent(orders=_rdp_orders(), rdp=self.rdp, delta=target)
         return float(eps)
 
     def to_record(self) -> dict[str, list[float] | float]:
@@ -139,6 +183,8 @@ class PrivacyLedger:
             "delta": float(self.delta),
             "eps_rounds": list(self.eps_rounds),
             "noise_multipliers": list(self.noise_multipliers),
+            "inv_sq_sum": float(self.inv_sq_sum),
+            "rdp": list(self.rdp),
         }
 
     @classmethod
@@ -166,4 +212,32 @@ class PrivacyLedger:
             ):
                 raise TypeError(f"privacy ledger {key!r} must be a list of floats")
             lists.append([float(v) for v in values])
-        return cls(delta=float(delta), eps_rounds=lists[0], noise_multipliers=lists[1])
+        running: dict[str, object] = {}
+        if "inv_sq_sum" in record or "rdp" in record:  # the running state; an older record rebuilds it
+            inv, rdp = record.get("inv_sq_sum"), record.get("rdp")
+            if isinstance(inv, bool) or not isinstance(inv, (int, float)) or not isinstance(rdp, (list, tuple)) or \
+                    not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in rdp):
+                raise TypeError("privacy ledger 'inv_sq_sum' must be a float and 'rdp' a list of floats")
+            running = {"inv_sq_sum": float(inv), "rdp": [float(v) for v in rdp]}
+        return cls(delta=float(delta), eps_rounds=lists[0], noise_multipliers=lists[1], **running)  # type: ignore[arg-type]
+
+    def save(self, path: str | Path) -> None:
+        """Write the ledger to ``path`` (JSON), atomically: a device keeps its spend across runs."""
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_record()))
+        tmp.replace(target)
+
+    @classmethod
+    def load(cls, path: str | Path, delta: float) -> PrivacyLedger:
+        """The ledger in ``path``, or an empty one at ``delta`` when the file does not exist yet."""
+        target = Path(path)
+        if not target.exists():
+            return cls(delta=delta)
+        try:
+            record = json.loads(target.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"privacy ledger {target}: unreadable ({type(err).__name__})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"privacy ledger {target}: not a ledger record")
+        return cls.from_record(record)

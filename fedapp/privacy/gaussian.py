@@ -339,3 +339,70 @@ class Eq36Calibration:
         _require_open_unit("delta", self.delta)
         if self.horizon is not None:
             _require_positive_int("horizon", self.horizon)
+
+    #: the name the message config carries (``dp-calibration``)
+    kind = "eq36"
+
+    def message_config(self, num_rounds: int, participation: float) -> dict[str, float | int | str | bool]:
+        """The ``dp-*`` keys a client reads (:mod:`clients.broadcast`)."""
+        return {"dp": True, "dp-calibration": self.kind, "clip": self.clip_norm, "dp-epsilon": self.epsilon,
+                "dp-delta": self.delta, "dp-c0": self.c0, "dp-q-power": self.q_power,
+                "dp-horizon": self.horizon or num_rounds, "dp-participation": participation}
+
+
+@dataclass(frozen=True)
+class GaussianTarget:
+    """Noise that meets a target (epsilon, delta) under the exact accountant: each client's releases over the run
+    are (epsilon, delta)-DP for one record of its data.
+
+    Each client, each round it is sampled, adds N(0, (z S)^2) to its upload, with S the algorithm's L2 sensitivity
+    to one record ((35) for FedPDM, (B.2) for local SGD; clipping at ``clip_norm``) and
+    ``z = sqrt(T) / mu*(epsilon, delta)`` (:func:`fedapp.privacy.gdp.noise_multiplier_for`): T releases of that
+    noise are mu*-GDP, exactly (epsilon, delta)-DP, and no fewer releases spend more. T is the horizon: a client
+    may be sampled in every round, and no amplification by sampling is claimed (the server, which samples, is the
+    adversary the guarantee names: it sees every upload). The devices report the GDP, RDP, basic-composition
+    figures of what they released; the strategy's per-client accountants stop the run with
+    ``PrivacyBudgetExhausted`` before a release would pass the target.
+
+    Parameters
+    ----------
+    epsilon
+        Target epsilon (> 0), e.g. 8.
+    delta
+        Target delta in (0, 1) (default 1e-5).
+    clip_norm
+        G: every mini-batch gradient is clipped to this L2 norm (default 1.0).
+    horizon
+        T, the most releases of a client; None uses the run's number of rounds.
+    """
+
+    epsilon: float
+    delta: float = 1e-5
+    clip_norm: float = 1.0
+    horizon: int | None = None
+
+    kind = "gdp"
+
+    def __post_init__(self) -> None:
+        for name in ("epsilon", "clip_norm"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+        _require_open_unit("delta", self.delta)
+        if self.horizon is not None:
+            _require_positive_int("horizon", self.horizon)
+
+    def noise_multiplier(self, num_rounds: int) -> float:
+        """z for this run (``horizon`` or ``num_rounds`` releases)."""
+        from fedapp.privacy import gdp
+
+        return gdp.noise_multiplier_for(self.epsilon, self.delta, self.horizon or num_rounds)
+
+    def message_config(self, num_rounds: int, participation: float) -> dict[str, float | int | str | bool]:
+        """The ``dp-*`` keys a client reads (:mod:`clients.broadcast`)."""
+        return {"dp": True, "dp-calibration": self.kind, "clip": self.clip_norm, "dp-epsilon": self.epsilon,
+                "dp-delta": self.delta, "dp-horizon": self.horizon or num_rounds}
+
+
+#: the calibrations the broadcast strategies accept
+Calibration = Eq36Calibration | GaussianTarget

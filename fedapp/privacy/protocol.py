@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 from flwr.supercore.privacy_accounting import (
@@ -45,6 +46,8 @@ from flwr.supercore.privacy_accounting import (
     SamplingMethod,
 )
 
+from fedapp.privacy import gdp
+
 __all__ = [
     "BasicCompositionAccountant",
     "Eq36Accountant",
@@ -53,6 +56,7 @@ __all__ = [
     "PldAccountant",
     "ZcdpAccountant",
     "no_amplification",
+    "privacy_guard",
     "rdp_accountant",
 ]
 
@@ -65,6 +69,15 @@ def no_amplification(target_delta: float, population_size: int = 1, max_epsilon:
     return PrivacyConfig(target_delta=target_delta, population_size=population_size,
                          neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                          sampling_method=SamplingMethod.NO_AMPLIFICATION, max_epsilon=max_epsilon)
+
+
+def privacy_guard(target: Any) -> Callable[[], GdpAccountant]:
+    """One exact accountant per client whose budget is ``target``'s (epsilon, delta) (a
+    :class:`fedapp.privacy.gaussian.GaussianTarget`): the strategy stops before a release would pass it. The
+    budget is widened by 1e-9 relative, so that the T-th release of noise calibrated for exactly T is not refused
+    for a rounding error."""
+    config = no_amplification(target.delta, 1, max_epsilon=target.epsilon * (1 + 1e-9))
+    return lambda: GdpAccountant(config)
 
 
 def rdp_accountant(config: PrivacyConfig) -> Any:
@@ -209,23 +222,13 @@ class GdpAccountant(GaussianAccountant):
 
     @property
     def mu(self) -> float:
-        return math.sqrt(math.fsum(n / e.noise_multiplier**2 for e, n in self._compositions))
+        return gdp.mu_of(math.fsum(n / e.noise_multiplier**2 for e, n in self._compositions))
 
     def _delta(self, epsilon: float) -> float:
-        from scipy.special import log_ndtr, ndtr
-
-        mu = self.mu
-        return float(max(0.0, ndtr(mu / 2 - epsilon / mu) - math.exp(epsilon + log_ndtr(-mu / 2 - epsilon / mu))))
+        return gdp.delta_for(epsilon, self.mu)
 
     def _epsilon(self, delta: float) -> float:
-        from scipy.optimize import brentq
-
-        if self._delta(0.0) <= delta:
-            return 0.0
-        hi = 1.0
-        while self._delta(hi) > delta:
-            hi *= 2.0
-        return float(brentq(lambda e: self._delta(e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
+        return gdp.epsilon_for(delta, self.mu)
 
 
 class PldAccountant(GaussianAccountant):
@@ -321,7 +324,7 @@ class BasicCompositionAccountant(GaussianAccountant):
 
     def release_epsilon(self, event: GaussianPrivacyEvent) -> float:
         """eps_t of one release (Thm. A.1 solved for epsilon)."""
-        return math.sqrt(2.0 * math.log(1.25 / self.release_delta)) / event.noise_multiplier
+        return math.sqrt(2.0 * (math.log(1.25) - math.log(self.release_delta))) / event.noise_multiplier
 
     @property
     def valid(self) -> bool:
