@@ -1,16 +1,26 @@
 """FedREP's clients (Alg. 2 of Yang, Wang, Li, arXiv 2303.05206; spec shared/specs/fedrep.md 3.4): the user's torch
 model and data, FedREP's local algorithm, and the client side of ConSpar and the buffered secure aggregation.
 
-:class:`FedREPClient` answers the two exchanges of a FedREP round (strategies/fedrep.py):
+:class:`FedREPClient` answers the exchanges of a FedREP round (strategies/fedrep.py):
 
 ``propose`` (message ``query.propose``, phase 1)
     Bring the local model to w^t (apply the sparse aggregate of the last round, or take the dense model), train
     I steps of Eq. (180), form the error-compensated update g = u + (w^t - w_k^{t+1}), propose k coordinates
-    with ConSpar (Sec. 3.2), and, when the buffers are masked, draw a fresh key pair for this round's buffer.
-    Reply: the proposal (uint32 indices) and the public key.
+    with ConSpar (Sec. 3.2). Reply: the proposal (uint32 indices); in secure mode also this round's fresh key,
+    signed with the device's long-term identity.
 ``fit`` (message ``train``, phase 2)
-    Receive the consensus set I^t, the buffer and the buffer-mates' public keys; upload g[I^t] -- masked with
-    pairwise one-time pads so the server learns only the buffer sum -- and keep u = g with I^t zeroed.
+    Receive the consensus set I^t and the buffer; upload g[I^t] and keep u = g with I^t zeroed. In secure mode
+    the message must be a mask request of the threshold protocol: the device checks the buffer and its mates'
+    signed keys against its own trust store, then uploads g[I^t] masked (:mod:`clients.secure`).
+``unmask`` (message ``query.unmask``, phase 3, secure mode only)
+    Once per round, per buffer-mate: the share of its self-mask seed (it survived) or the pairwise seed (it
+    dropped), never both; the server then learns the survivors' sum.
+
+**Secure mode** (``secure=SecureDevice(identity, trust_store, min_buffer=...)``) is the device's own policy: it
+never sends an update in the clear, whatever a message says (a plain round, ``masked=False``, is refused in phase
+1 already), and refuses buffers below ``min_buffer``, unsigned or untrusted keys, replayed rounds and a second
+unmask request. Its train metrics stay on the device. The secure aggregation is the one of
+:class:`strategies.wrappers.SecureBuffers` / :func:`clients.mods.secure_buffers_mod` (:mod:`fedapp.secagg`).
 
 :class:`MomentumSGDClient` runs the same local algorithm for one plain Flower ``train`` message (the model in,
 the trained model out, in the arrays it was sent): the client of Flower's own Krum / FedMedian / FedTrimmedAvg
@@ -27,20 +37,22 @@ key                    meaning
 ``batch-size``         B (absent: the batch size of the client's DataLoader)
 ``k``, ``alpha``       ConSpar's per-client budget (k = d: propose nothing, upload every coordinate) and obfuscation
 ``error-feedback``     keep the error memory u (false: u = 0, SparseSecAgg)
-``masked``             pairwise-masked uploads (a fresh key pair per round)
+``masked``             uploads masked with the threshold protocol (needs secure mode; ``secure.*`` keys carry the run
+                       label, the buffer, its members and threshold, as in :mod:`fedapp.secagg`)
+``sparse-secagg-key``  phase 1 draws SparseSecAgg's unsigned key pair (that baseline's own exchange)
 ``dense-model``        the downlink is the dense w^t (else the last sparse aggregate, checked by ``model-crc``)
 ``sparse-downlink``    keep w^t in the state: the next downlink will be sparse
 ``upload``             phase 2: ``conspar`` (g on I^t) or ``sparse-secagg`` (pairwise location masks)
-``buffer-id``,         phase 2: the buffer, the id that orders the pairwise masks, the buffer-mates, the label of
-``client-id``,         this run's masks, and SparseSecAgg's location probability
-``peer-ids``,
+``buffer-id``          phase 2: the buffer
+``client-id``,         SparseSecAgg's phase 2: the id that orders the pairwise masks, the other clients and their
+``peer-ids``,          keys, the label of this run's masks, the location probability
 ``peer-keys``,
 ``mask-session``, ``p``
 =====================  =============================================================================================
 
 Persistent state in ``context.state`` (spec 3.5): the error memory u, the momentum m of Eq. (180), the pending g
-between the phases (with its round tag), the data cursor, the local copy of w (sparse downlink) and the round's
-secret key. A pending g that was never asked for (the client was left out of phase 2) is folded back into u at the
+between the phases (with its round tag), the data cursor, the local copy of w (sparse downlink), and in secure mode
+the protocol's keys and pending shares (:mod:`clients.secure`). A pending g that was never asked for (the client was left out of phase 2) is folded back into u at the
 next phase 1: nothing of it was transmitted.
 
 Byzantine behaviour exists only for simulations: a client built with ``attack=ClientAttack(...)``
@@ -55,15 +67,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
 from clients.base import ROUND_KEY, FedClient, MessageConfig
+from clients.secure import SecureDevice, accept_mask, check_new_round, config_int, key_reply, mask_reply, unmask_reply
 from fedapp.algorithms.fedrep import LocalResult, local_momentum_sgd, model_crc, server_step
 from fedapp.compression import conspar
 from fedapp.layout import FloatArray
 from fedapp.localdata import ArrayData, TorchData
 from fedapp.sampling import STREAM_CLIENT, rng_for
+from fedapp.secagg import S_PHASE, S_RECORD, S_ROUND, S_RUN
 
 if TYPE_CHECKING:
     from fedapp.attacks import ClientAttack
@@ -245,29 +259,41 @@ class MomentumSGDClient(LocalMomentumClient):
 
 
 class FedREPClient(LocalMomentumClient):
-    """A FedREP client (Alg. 2): phase 1 ``propose`` (``query.propose``), phase 2 ``fit`` (``train``).
+    """A FedREP client (Alg. 2): phase 1 ``propose`` (``query.propose``), phase 2 ``fit`` (``train``), and in
+    secure mode phase 3 ``unmask`` (``query.unmask``).
 
-    It answers every strategy of strategies/fedrep.py: :class:`strategies.fedrep.FedREP`, ``SHARE`` (k = d),
-    ``DenseFedAvg`` and ``SparseSecAgg`` (whose phase 2 uploads through pairwise location masks, no error memory).
-    Register both actions with ``FedREPClient.client_app(client_fn)`` (or ``register(app, client_fn,
-    FedREPClient.actions)`` in an existing ClientApp).
+    It answers every strategy of strategies/fedrep.py: :class:`strategies.fedrep.FedREP` and ``SHARE`` (k = d),
+    masked (secure mode) or plain, and in plain mode ``DenseFedAvg`` and ``SparseSecAgg`` (whose phase 2 uploads
+    through pairwise location masks, no error memory). Register every action with
+    ``FedREPClient.client_app(client_fn)`` (or ``register(app, client_fn, FedREPClient.actions)`` in an existing
+    ClientApp).
 
-    Parameters are those of :class:`LocalMomentumClient`. The model the device holds when the client is built is
-    its w^0 for a strategy built with ``clients_hold_initial=True`` (checked against the server's by CRC; a client
-    out of sync is sent the dense model).
+    Parameters are those of :class:`LocalMomentumClient`, and
+
+    secure
+        :class:`clients.secure.SecureDevice` (the node's identity, its trust store, the smallest buffer it accepts)
+        puts the device in secure mode: it answers masked rounds only. None (default): plain rounds only.
+
+    The model the device holds when the client is built is its w^0 for a strategy built with
+    ``clients_hold_initial=True`` (checked against the server's by CRC; a client out of sync is sent the dense
+    model).
 
     Examples
     --------
     >>> def client_fn(context: Context) -> FedREPClient:
-    ...     return FedREPClient(Net(), load_my_partition(context.node_config), loss_fn=nn.CrossEntropyLoss())
+    ...     return FedREPClient(Net(), load_my_partition(context.node_config), loss_fn=nn.CrossEntropyLoss(),
+    ...                         secure=SecureDevice(my_identity, my_trust_store, min_buffer=3))
     >>> app = FedREPClient.client_app(client_fn)
     """
 
-    actions = ("query.propose",)
+    actions = ("query.propose", "query.unmask")
 
     def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Any = None, seed: int | None = None,
-                 attack: ClientAttack | None = None) -> None:
+                 attack: ClientAttack | None = None, secure: SecureDevice | None = None) -> None:
         super().__init__(model, data, loss_fn, context=context, seed=seed, attack=attack)
+        if secure is not None and not isinstance(secure, SecureDevice):
+            raise TypeError(f"secure must be a clients.secure.SecureDevice or None, got {type(secure).__name__}")
+        self.secure = secure
         self._w0 = self.model.get_flat().astype(np.float32)  # w^0 if the server says the clients hold it
 
     def _pending(self, server_round: int) -> tuple[dict[str, Any], FloatArray]:
@@ -313,7 +339,8 @@ class FedREPClient(LocalMomentumClient):
         k = cfg.integer("k", lo=1, hi=d)
         alpha = cfg.number("alpha", 0.0, lo=0.0, hi=1.0)
         error_feedback = cfg.flag("error-feedback", True)
-        masked = cfg.flag("masked")
+        if cfg.flag("masked") and self.secure is None:
+            raise ValueError(_NOT_SECURE)
         w = self.current_model(parameters, cfg)
         st = self._state()
         u = self._load("u", np.float64)
@@ -331,7 +358,7 @@ class FedREPClient(LocalMomentumClient):
             if self.attack is not None:  # simulation only (App. C.2, non-omniscient attacks)
                 proposal = self.attack.corrupt_proposal(proposal, g, k, self.rng(t, STREAM_ATTACK))
         arrays: list[NDArray[Any]] = [proposal.astype(np.uint32)]
-        if masked:
+        if cfg.flag("sparse-secagg-key", False):  # SparseSecAgg's own, unsigned, per-round key (plain mode only)
             from fedapp import secagg
 
             sk, pk = secagg.new_keypair()
@@ -354,6 +381,18 @@ class FedREPClient(LocalMomentumClient):
         st, g = self._pending(t)
         if cfg.choice("upload", ("conspar", "sparse-secagg"), "conspar") == "sparse-secagg":
             return self._sparse_secagg_upload(g, t, cfg, st)
+        if cfg.flag("masked", False):
+            raise ValueError(_NOT_SECURE)
+        payload, u_next = self._consensus_payload(parameters, g)
+        self._save("u", u_next)
+        self._save("g", None)
+        st.pop("pending-round", None)
+        self._save_state(st)
+        return [payload.astype(np.float32)], 1, {}
+
+    def _consensus_payload(self, parameters: list[NDArray[Any]], g: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """C5: (g[I^t], u = g with I^t zeroed) for the consensus set the message carries (what a Byzantine client
+        of a simulation corrupts is the payload only)."""
         d = len(g)
         if len(parameters) != 1:
             raise ValueError(f"phase 2 carries one array (the consensus set), got {len(parameters)}")
@@ -363,29 +402,89 @@ class FedREPClient(LocalMomentumClient):
         payload, u_next = conspar.compress(g, idx)
         if self.attack is not None:  # simulation only (bit-flip)
             payload = self.attack.corrupt_values(payload)
-        upload: NDArray[Any]
-        if cfg.flag("masked", False):
-            from fedapp import secagg
+        return payload, u_next
 
-            label = secagg.mask_label(cfg.integer("mask-session"), t, cfg.integer("buffer-id"))
-            upload = secagg.masked_upload(payload, cfg.integer("client-id"), self._secret_key(st), self._peers(cfg),
-                                          label, self.rng(t, STREAM_QUANT))
-        else:
-            upload = payload.astype(np.float32)
+    # ---------------------------------------------------------------- secure mode
+    def handle(self, message_type: str, content: RecordDict) -> RecordDict:
+        """As :meth:`FedClient.handle`; in secure mode the three phases go through the threshold protocol."""
+        if self.secure is None:
+            if message_type == "query.unmask":
+                raise ValueError(_NOT_SECURE)
+            return super().handle(message_type, content)
+        if message_type == "query.propose":
+            return self._secure_propose(content)
+        if message_type == "train":
+            return self._secure_submit(content)
+        if message_type == "query.unmask":
+            return self._secure_unmask(content)
+        return super().handle(message_type, content)
+
+    def _secure_context(self) -> tuple[Any, Any, int]:
+        assert self.secure is not None
+        if self.node_context is None:
+            raise RuntimeError("FedREPClient has no Context: pass context=... or build it through register()")
+        ident, trust = self.secure.resolve(self.node_context)
+        return ident, trust, self.secure.client_id(self.node_context)
+
+    def _secure_propose(self, content: RecordDict) -> RecordDict:
+        """Phase 1 in secure mode: refuse a plain round or a replayed one before training; then the proposal and
+        this round's signed key. The train loss stays on the device (it would leak what the masks hide)."""
+        cfg = _config_of(content)
+        if cfg.get("masked") is not True:
+            raise ValueError("this device is in secure mode: it sends its update only masked inside a secure buffer, "
+                             "and this round asks for plain uploads (masked is not true)")
+        run = cfg.get(S_RUN)
+        if not isinstance(run, str) or not run:
+            raise ValueError(f"message config {S_RUN!r} (the run label the device signs its key for) is missing")
+        t = MessageConfig(cfg).integer(ROUND_KEY, lo=1)
+        check_new_round(self.state, t)
+        ident, _, me = self._secure_context()
+        reply = super().handle("query.propose", content)
+        for name, record in key_reply(self.state, ident, me, run, t).items():
+            reply[name] = record
+        reply["metrics"] = MetricRecord({"num-examples": 0})
+        return reply
+
+    def _secure_submit(self, content: RecordDict) -> RecordDict:
+        """Phase 2 in secure mode: a mask request only; the buffer and the mates' keys are checked before anything
+        is sent, then g[I^t] goes up masked (its rounding drawn from the device's own randomness)."""
+        cfg = _config_of(content)
+        mcfg = MessageConfig(cfg)
+        t = mcfg.integer(ROUND_KEY, lo=1)
+        if cfg.get("masked") is not True or cfg.get(S_PHASE) != "mask":
+            raise ValueError("this device is in secure mode: it uploads its update only masked inside a secure buffer, "
+                             "and this train message is not a mask request (masked=true, secure.phase='mask')")
+        mcfg.choice("upload", ("conspar",), "conspar")
+        if config_int(cfg, S_ROUND) != t:
+            raise ValueError(f"the mask request is for round {cfg[S_ROUND]}, the message for round {t}")
+        assert self.secure is not None
+        _, trust, me = self._secure_context()
+        request = accept_mask(self.state, cfg, content.array_records.get(S_RECORD), me, trust, self.secure.min_buffer)
+        st, g = self._pending(t)
+        key = "arrays" if "arrays" in content.array_records else next(
+            (k for k in content.array_records if k != S_RECORD), None)
+        parameters = content.array_records[key].to_numpy_ndarrays() if key is not None else []
+        payload, u_next = self._consensus_payload(parameters, g)
+        record = mask_reply(self.state, request, payload, self.rng(t, STREAM_QUANT))
         self._save("u", u_next)
         self._save("g", None)
         st.pop("pending-round", None)
         self._save_state(st)
-        return [upload], 1, {}
+        return RecordDict({S_RECORD: record, "metrics": MetricRecord({"num-examples": 1})})
+
+    def _secure_unmask(self, content: RecordDict) -> RecordDict:
+        """Phase 3: this round's unmask answer, once (FedREP's next key comes with the next proposal)."""
+        ident, _, me = self._secure_context()
+        return unmask_reply(self.state, ident, _config_of(content), content.array_records.get(S_RECORD), me,
+                            next_key=False)
 
     def _sparse_secagg_upload(self, g: FloatArray, t: int, cfg: MessageConfig, st: dict[str, Any]) -> Fit:
         """SparseSecAgg's phase 2 (:mod:`fedapp.sparse_secagg`): (U_i, y_i) of the update g = w^t - w_k^{t+1}."""
-        from fedapp import secagg
-        from fedapp.sparse_secagg import sparse_masked_upload
+        from fedapp.sparse_secagg import mask_label, sparse_masked_upload
 
         if self.attack is not None:  # simulation only (bit-flip)
             g = self.attack.corrupt_values(g)
-        label = secagg.mask_label(cfg.integer("mask-session"), t, cfg.integer("buffer-id"))
+        label = mask_label(cfg.integer("mask-session"), t)
         idx, vals = sparse_masked_upload(g, cfg.integer("client-id"), self._secret_key(st), self._peers(cfg), label,
                                          cfg.number("p", lo=0.0, hi=1.0, lo_open=True), self.rng(t, STREAM_QUANT))
         self._save("g", None)
@@ -397,7 +496,7 @@ class FedREPClient(LocalMomentumClient):
     def _secret_key(st: dict[str, Any]) -> bytes:
         sk = st.pop("sk", None)
         if not isinstance(sk, bytes):
-            raise ValueError("a masked upload needs this round's key pair, drawn in a masked phase 1")
+            raise ValueError("a SparseSecAgg upload needs this round's key pair, drawn in its phase 1")
         return sk
 
     @staticmethod
@@ -409,3 +508,14 @@ class FedREPClient(LocalMomentumClient):
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or not all(isinstance(b, bytes) for b in keys):
             raise ValueError("message config 'peer-ids' must hold integers and 'peer-keys' bytes")
         return dict(zip(ids, keys, strict=True))
+
+
+_NOT_SECURE = ("masked buffers need a device in secure mode: FedREPClient(..., secure=SecureDevice(identity, "
+               "trust_store)) signs its keys and checks its buffer-mates' (this device is in plain mode)")
+
+
+def _config_of(content: RecordDict) -> dict[str, Any]:
+    """The message's config record ("config", or its only one)."""
+    records = content.config_records
+    key = "config" if "config" in records else (next(iter(records)) if len(records) == 1 else None)
+    return {} if key is None else dict(records[key])

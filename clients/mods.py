@@ -8,7 +8,6 @@ Flower error reply naming why.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -19,8 +18,33 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 from numpy.typing import NDArray
 
+from clients.secure import (
+    LAST,
+    NEXT_KEY,
+    PENDING,
+    SecureDevice,
+    accept_mask,
+    config_int,
+    key_reply,
+    mask_reply,
+    unmask_reply,
+)
 from fedapp.compression.codecs import Codec, codec_from_spec
 from fedapp.layout import ArrayLayout
+from fedapp.secagg import (
+    S_BUFFER,
+    S_CLIP,
+    S_DROPPED,
+    S_INFO,
+    S_LEVELS,
+    S_MEMBERS,
+    S_PHASE,
+    S_RECORD,
+    S_ROUND,
+    S_RUN,
+    S_SURVIVORS,
+    S_THRESHOLD,
+)
 
 __all__ = ["compress_mod", "secure_buffers_mod"]
 
@@ -149,23 +173,10 @@ def _uplink(reply: Message, layout: ArrayLayout, reference: Any, codec: Any, sta
 
 
 # ------------------------------------------------------------------------------------------------ secure buffers
-#: the protocol keys of strategies/wrappers.py SecureBuffers (duplicated: a client does not import server code)
-S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS, S_DROPPED = (
-    "secure.phase", "secure.run", "secure.round", "secure.buffer", "secure.members", "secure.threshold",
-    "secure.clip", "secure.levels", "secure.survivors", "secure.dropped",
-)
-S_RECORD, S_INFO = "secure", "secure-info"
-#: context.state: the key for the next round, the round in progress, the last round this node masked
-NEXT_KEY, PENDING, LAST = "secure.next-key", "secure.pending", "secure.last-round"
-
-
-def _identity_of(value: Any, context: Context, key: str, loader: Any) -> Any:
-    if value is None:
-        path = context.node_config.get(key)
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"secure mode needs node config {key!r} (a file path) or the mod's argument")
-        return loader(path)
-    return value(context) if callable(value) and not hasattr(value, "sign") and not hasattr(value, "verify") else value
+#: the protocol's config keys and record names (fedapp.secagg's) and the device's state records (clients.secure's),
+#: importable from here as before the device steps moved to clients/secure.py
+SECURE_PROTOCOL_NAMES = (S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS,
+                         S_DROPPED, S_RECORD, S_INFO, NEXT_KEY, PENDING, LAST)
 
 
 def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buffer: int = 3) -> Mod:
@@ -173,7 +184,8 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
 
     In secure mode the node never sends an update in the clear, whatever a message says: a train message that is
     not part of the protocol is refused. It answers the protocol's three phases itself (the user's train function
-    only ever sees a plain train message):
+    only ever sees a plain train message), with the device side shared with FedREP's clients
+    (:mod:`clients.secure`):
 
     * keys: a fresh key pair for the round, signed with the node's long-term identity;
     * mask: checks the buffer (at least ``min_buffer`` members, a threshold t >= 2 with 2t > s, this node among
@@ -183,22 +195,10 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
     * unmask: once per round, for each buffer-mate, reveals either its share of the mate's self-mask seed (the
       mate survived) or their pairwise seed (the mate dropped) -- never both -- and signs its next round's key.
 
-    Parameters
-    ----------
-    identity
-        The node's :class:`fedapp.secagg.NodeIdentity`, or a callable ``(context) -> NodeIdentity``; None reads the
-        PEM file named by node config ``secure-identity``.
-    trust_store
-        The device's :class:`fedapp.secagg.TrustStore` (client id -> Ed25519 key of the peers it accepts), or a
-        callable ``(context) -> TrustStore``; None reads the JSON file named by node config ``secure-trust-store``.
-        Whoever writes the trust store decides who the peers are.
-    min_buffer
-        The smallest buffer this device accepts (default 3: with 2, one colluding mate learns the other's update).
+    Parameters are those of :class:`clients.secure.SecureDevice` (identity, trust store, min_buffer, default 3:
+    with 2, one colluding mate learns the other's update).
     """
-    from fedapp import secagg
-
-    if isinstance(min_buffer, bool) or not isinstance(min_buffer, int) or min_buffer < 2:
-        raise ValueError(f"min_buffer must be an integer >= 2, got {min_buffer!r}")
+    device = SecureDevice(identity, trust_store, min_buffer=min_buffer)
 
     def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN:
@@ -206,17 +206,16 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
         _, cfg = _config(msg)
         phase = cfg.get(S_PHASE)
         try:
-            me = context.node_config.get("partition-id")
-            if isinstance(me, bool) or not isinstance(me, int):
-                raise ValueError("secure mode needs the node's partition-id (its id in the peers' trust stores)")
-            ident = _identity_of(identity, context, "secure-identity", secagg.NodeIdentity.load)
-            trust = _identity_of(trust_store, context, "secure-trust-store", secagg.TrustStore.load)
+            me = device.client_id(context)
+            ident, trust = device.resolve(context)
             if phase == "keys":
-                return Message(_key_reply(context.state, ident, me, str(cfg[S_RUN]), _int(cfg, S_ROUND)), reply_to=msg)
+                return Message(key_reply(context.state, ident, me, str(cfg[S_RUN]), config_int(cfg, S_ROUND)),
+                               reply_to=msg)
             if phase == "mask":
-                return _mask(msg, context, call_next, cfg, me, trust, min_buffer)
+                return _mask(msg, context, call_next, cfg, me, trust, device.min_buffer)
             if phase == "unmask":
-                return Message(_unmask(msg, context.state, ident, cfg, me), reply_to=msg)
+                return Message(unmask_reply(context.state, ident, cfg, msg.content.array_records.get(S_RECORD), me,
+                                            next_key=True), reply_to=msg)
         except (ValueError, KeyError, TypeError) as err:
             return mod_error(msg, f"secure_buffers_mod refused: {err}")
         return mod_error(msg, "secure_buffers_mod refused: this node is in secure mode and sends updates only inside "
@@ -225,74 +224,10 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
     return mod
 
 
-def _int(cfg: Mapping[str, Any], key: str) -> int:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"message config {key!r} must be an integer, got {v!r}")
-    return v
-
-
-def _key_reply(state: RecordDict, ident: Any, me: int, run: str, server_round: int) -> RecordDict:
-    """A fresh key pair for ``server_round``: the private part kept, the public part signed."""
-    from fedapp import secagg
-
-    last = state.config_records.get(LAST)
-    if last is not None and server_round <= int(last["round"]):  # type: ignore[arg-type]
-        raise ValueError(f"round {server_round} is not after round {last['round']!r}, which this node already masked")
-    sk, pk = secagg.new_keypair()
-    state[NEXT_KEY] = ConfigRecord({"round": server_round, "run": run, "sk": sk})
-    sig = ident.sign(secagg.signing_statement(run.encode(), server_round, me, pk))
-    return RecordDict({
-        S_RECORD: _record({"pk": np.frombuffer(pk, np.uint8).copy(), "sig": np.frombuffer(sig, np.uint8).copy()}),
-        S_INFO: ConfigRecord({"client-id": me, "round": server_round})})
-
-
-def _members(cfg: Mapping[str, Any], key: str) -> list[int]:
-    raw = json.loads(str(cfg.get(key, "null")))
-    if not isinstance(raw, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in raw):
-        raise ValueError(f"message config {key!r} must be a JSON list of client ids")
-    if len(set(raw)) != len(raw):
-        raise ValueError(f"message config {key!r} repeats a client id")
-    return list(raw)
-
-
 def _mask(msg: Message, context: Context, call_next: ClientAppCallable, cfg: dict[str, Any], me: int, trust: Any,
           min_buffer: int) -> Message:
     """Check the buffer and the mates' keys, run the user's train function, upload the masked update + shares."""
-    import hashlib
-    import os
-
-    from fedapp import secagg
-
-    state = context.state
-    run, rnd, buffer_id = str(cfg[S_RUN]), _int(cfg, S_ROUND), _int(cfg, S_BUFFER)
-    members, t = _members(cfg, S_MEMBERS), _int(cfg, S_THRESHOLD)
-    clip, levels = float(cfg[S_CLIP]), _int(cfg, S_LEVELS)
-    if me not in members:
-        raise ValueError(f"this node (client {me}) is not among the buffer's members {members}")
-    if len(members) < min_buffer:
-        raise ValueError(f"a buffer of {len(members)} is below this device's minimum of {min_buffer}")
-    if not (2 <= t <= len(members) and 2 * t > len(members)):
-        raise ValueError(f"threshold {t} for a buffer of {len(members)}: this device needs 2 <= t and 2t > s")
-    if not (0 < clip < float("inf")):
-        raise ValueError(f"clip {clip} must be a finite number > 0")
-    key = state.config_records.get(NEXT_KEY)
-    if key is None or int(key["round"]) != rnd or str(key["run"]) != run:  # type: ignore[arg-type]
-        raise ValueError(f"this node holds no key of run {run!r} round {rnd} (keys are fresh for every round)")
-    last = state.config_records.get(LAST)
-    if last is not None and rnd <= int(last["round"]):  # type: ignore[arg-type]
-        raise ValueError(f"round {rnd} is not after round {last['round']!r}, which this node already masked")
-    peers_rec = msg.content.array_records.get(S_RECORD)
-    if peers_rec is None:
-        raise ValueError("the message carries no buffer-mate keys")
-    peers: dict[int, bytes] = {}
-    for cid in members:
-        if cid == me:
-            continue
-        pk, sig = peers_rec[f"pk.{cid}"].numpy().tobytes(), peers_rec[f"sig.{cid}"].numpy().tobytes()
-        trust.verify(cid, secagg.signing_statement(run.encode(), rnd, cid, pk), sig)
-        secagg.check_public_key(pk)
-        peers[cid] = pk
+    request = accept_mask(context.state, cfg, msg.content.array_records.get(S_RECORD), me, trust, min_buffer)
     # the user's train function sees a plain train message: the model and its own config
     sent = next(r for k, r in msg.content.array_records.items() if k != S_RECORD)
     ckey, _ = _config(msg)
@@ -308,64 +243,6 @@ def _mask(msg: Message, context: Context, call_next: ClientAppCallable, cfg: dic
     layout = ArrayLayout.of(_named(sent))
     layout.check(model, what="the ClientApp's reply")
     update = layout.flatten(model) - layout.flatten(_named(sent))
-    label = secagg.round_label(run, rnd, buffer_id)
-    sk = bytes(key["sk"])  # type: ignore[arg-type]
-    self_seed = os.urandom(32)
-    masked = secagg.threshold_masked_upload(update, me, sk, peers, label, self_seed, np.random.default_rng(),
-                                            clip, levels)
-    order = sorted(members)
-    shares = dict(zip(order, secagg.split_secret(self_seed, t, len(order)), strict=True))
-    out: dict[str, NDArray[Any]] = {"masked": masked, "commit": np.frombuffer(hashlib.sha256(self_seed).digest(),
-                                                                             np.uint8).copy()}
-    for cid, pk in peers.items():
-        channel = secagg.derive(secagg.pairwise_key(sk, pk), label, b"channel")
-        blob = secagg.encrypt_share(channel, shares[cid], label + f"|{me}->{cid}".encode())
-        out[f"share.{cid}"] = np.frombuffer(blob, np.uint8).copy()
-    state[PENDING] = ConfigRecord({"round": rnd, "run": run, "buffer": buffer_id, "members": order, "t": t,
-                                   "own-share": shares[me], "sk": sk, "answered": False,
-                                   "peer-ids": sorted(peers), "peer-keys": [peers[c] for c in sorted(peers)]})
-    state[LAST] = ConfigRecord({"round": rnd})
-    del state[NEXT_KEY]
+    record = mask_reply(context.state, request, update, np.random.default_rng())
     # the user's metrics stay on the device: individual train metrics would leak what the masks hide
-    return Message(RecordDict({S_RECORD: _record(out), "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
-
-
-def _unmask(msg: Message, state: RecordDict, ident: Any, cfg: dict[str, Any], me: int) -> RecordDict:
-    """Reveal, once, per buffer-mate: its self-mask share (it survived) or our pairwise seed (it dropped)."""
-    from fedapp import secagg
-
-    pending = state.config_records.get(PENDING)
-    run, rnd = str(cfg[S_RUN]), _int(cfg, S_ROUND)
-    if pending is None or int(pending["round"]) != rnd or str(pending["run"]) != run:  # type: ignore[arg-type]
-        raise ValueError(f"this node masked nothing in run {run!r} round {rnd}")
-    if bool(pending["answered"]):
-        raise ValueError(f"this node already answered the unmask request of round {rnd} (it answers once)")
-    members = [int(c) for c in pending["members"]]  # type: ignore[union-attr]
-    survivors, dropped = _members(cfg, S_SURVIVORS), _members(cfg, S_DROPPED)
-    if sorted(survivors + dropped) != members or set(survivors) & set(dropped):
-        raise ValueError(f"survivors {survivors} and dropped {dropped} must split the buffer {members}")
-    if me not in survivors:
-        raise ValueError("this node is told it dropped, yet it is asked to unmask")
-    if len(survivors) < int(pending["t"]):  # type: ignore[arg-type]
-        raise ValueError(f"{len(survivors)} survivor(s) are below the threshold {pending['t']!r}: nothing is revealed")
-    if _int(cfg, S_BUFFER) != int(pending["buffer"]):  # type: ignore[arg-type]
-        raise ValueError("the unmask request names another buffer than the one this node masked in")
-    label = secagg.round_label(run, rnd, int(pending["buffer"]))  # type: ignore[arg-type]
-    sk = bytes(pending["sk"])  # type: ignore[arg-type]
-    peer_keys = dict(zip([int(c) for c in pending["peer-ids"]],  # type: ignore[union-attr]
-                         [bytes(k) for k in pending["peer-keys"]], strict=True))  # type: ignore[union-attr,arg-type]
-    pending["answered"] = True  # before anything is revealed: a second request of this round is refused
-    state[PENDING] = pending
-    rec = msg.content.array_records.get(S_RECORD, ArrayRecord())
-    out: dict[str, NDArray[Any]] = {f"bshare.{me}": np.frombuffer(bytes(pending["own-share"]), np.uint8).copy()}  # type: ignore[arg-type]
-    for cid in survivors:
-        if cid == me:
-            continue
-        channel = secagg.derive(secagg.pairwise_key(sk, peer_keys[cid]), label, b"channel")
-        share = secagg.decrypt_share(channel, rec[f"share.{cid}"].numpy().tobytes(), label + f"|{cid}->{me}".encode())
-        out[f"bshare.{cid}"] = np.frombuffer(share, np.uint8).copy()
-    for cid in dropped:
-        out[f"pseed.{cid}"] = np.frombuffer(secagg.pair_seed(sk, peer_keys[cid], label), np.uint8).copy()
-    nxt = _key_reply(state, ident, me, run, rnd + 1)  # the next round's key rides on this reply
-    out.update(_named(nxt.array_records[S_RECORD]))
-    return RecordDict({S_RECORD: _record(out), S_INFO: nxt.config_records[S_INFO]})
+    return Message(RecordDict({S_RECORD: record, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)

@@ -90,8 +90,14 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query("propose")
 def propose(msg: Message, context: Context) -> Message:
-    """FedREP phase 1: local training, ConSpar coordinate proposal and a fresh secure-aggregation key."""
+    """FedREP phase 1: local training, ConSpar coordinate proposal and (masked) this round's signed key."""
     return _reply("query.propose", msg, context)
+
+
+@app.query("unmask")
+def unmask(msg: Message, context: Context) -> Message:
+    """FedREP phase 3 with masked buffers: reveal, once, the parts that unmask the buffer's survivors' sum."""
+    return _reply("query.unmask", msg, context)
 
 
 @app.query("register")

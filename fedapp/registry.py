@@ -209,7 +209,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         "OutP baseline: inexact ADMM with Gaussian output perturbation, (eps, delta)-DP (reference code, spec 5.2)",
         HUANG_PAPER, IADMM_CHECKS, False, IADMM_INITIAL,
     ),
-    # Seed 003 (spec shared/specs/fedrep.md): all m clients every round, two exchanges per round.
+    # Seed 003 (spec shared/specs/fedrep.md): all m clients every round, two exchanges per round (three masked).
     "fedrep": AlgorithmSpec(
         "fedapp.apps.fedrep:fedrep_strategy", "fedapp.apps.fedrep:fedrep_client", FEDREP_KEYS,
         "FedREP: ConSpar consensus sparsification + buffered pairwise-masked secure aggregation + robust aggregation",

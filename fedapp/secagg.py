@@ -1,57 +1,57 @@
-"""Buffered secure aggregation for FedREP: pairwise additive masking inside each buffer (spec 3.1, 4.3, 11.19).
+"""Secure aggregation inside buffers of clients: the threshold protocol (Bonawitz et al. 2017, per buffer).
 
-FedREP (Yang, Wang, Li; spec ``fedrep.md``) lets the server learn only the *mean* of each buffer of ``s`` clients,
-then applies a robust aggregator across buffer means. This module is the recommended "buffer SecAgg" of spec 4.3:
-the pairwise masking of Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
-(CCS 2017), run independently in every buffer and fitted into FedREP's two message exchanges per round:
+One implementation serves every strategy that learns only buffer sums: the :class:`strategies.wrappers.SecureBuffers`
+wrapper (any Flower strategy) and FedREP's buffers (:class:`strategies.fedrep.FedREP`, Yang, Wang, Li, arXiv
+2303.05206, Sec. 3.3). This module is its Flower-free math; the message plumbing is in
+:mod:`strategies.secure` (server) and :mod:`clients.secure` (device).
 
-1. phase-1 reply: each client sends a fresh per-round public key (:func:`new_keypair`) beside its proposal;
-2. phase-2 instruction: the server sends each client its buffer id and the public keys of its buffer-mates, keyed
-   by partition id. The client calls :func:`masked_upload`: it quantizes its vector ``x`` (:func:`quantize`) and
-   adds, for every buffer-mate ``j``, ``+PRG(k_ij)`` if ``j > i`` and ``-PRG(k_ij)`` if ``j < i`` (mod ``2^32``).
-   The server sums a buffer's uploads mod ``2^32`` -- the pairwise masks cancel exactly -- and decodes the buffer
-   mean (:func:`decode_buffer_mean`, or :func:`decode_buffers` for a whole round).
+Per round and buffer (members sorted by client id, size s, threshold t with 2t > s and t >= 2):
+
+1. **keys**: each member makes a fresh key pair (:func:`new_keypair`) and signs (run label, round, its id, its
+   public key) with its long-term Ed25519 identity (:class:`NodeIdentity`, :func:`signing_statement`); the server
+   forwards the signed keys of the buffer-mates, and a member accepts only mates whose signature verifies against
+   its own :class:`TrustStore` (whoever writes the trust store decides who the peers are);
+2. **masked input** (:func:`mask_input`): y_i = q(x_i) + PRG(b_i) + sum_{j > i} PRG(s_ij) - sum_{j < i} PRG(s_ij)
+   (mod 2^32), with b_i a fresh self-mask seed and s_ij the pairwise seed (ECDH + HKDF); b_i is Shamir-shared
+   t-of-s among the members (its own share kept), each share encrypted for its holder (AES-GCM under the pairwise
+   channel key), and the upload carries a SHA-256 commitment to b_i;
+3. **unmask** (:func:`reveal`): told which members survived, each survivor reveals, for every peer, EITHER its share
+   of b_j (j survived) OR its pairwise seed s_ij (j dropped) -- never both, and only once per round. The server
+   rebuilds b_i of every survivor from t shares, checks it against the commitment and removes the masks of the
+   dropped (:func:`rebuild_sum`): it learns the survivors' sum, nothing else.
+
+Why a survivor is never unmasked alone: its y_i still carries the pairwise masks with the other survivors, which
+nobody reveals; with fewer than t (>= 2) survivors no self-mask can be rebuilt, and the buffer is discarded. A member
+told "j dropped" reveals s_ij but never b_j's share, so a late upload of j stays behind PRG(b_j). With s = 2 (FedREP's
+default) t = 2: a dropout discards its buffer, which no protocol can avoid (the lone survivor's sum is its vector).
 
 Cryptography (nothing home-made):
 
-* key agreement: Flower's EC key pairs (SECP384R1, PEM) and ``generate_shared_key`` (ECDH + HKDF-SHA256, 32
-  bytes); the spec suggests X25519, P-384 is used because Flower ships it (same role, same security here);
-* mask expansion (:func:`expand_mask`): HKDF-SHA256 of the full 32-byte pairwise key with a label naming run,
-  round and buffer (:func:`mask_label`), then the ChaCha20 key stream. Flower's ``pseudo_rand_gen`` is *not* used:
-  it XOR-folds the key to a 32-bit seed of numpy's Mersenne Twister, so a curious server could recover a mask by
+* key agreement: Flower's EC key pairs (SECP384R1, PEM) and ``generate_shared_key`` (ECDH + HKDF-SHA256, 32 bytes);
+* signatures: Ed25519 (``cryptography``); share encryption: AES-256-GCM; secret sharing: pycryptodome's Shamir
+  over GF(2^128);
+* mask expansion (:func:`expand_mask`): HKDF-SHA256 of the full 32-byte seed with a label naming run, round and
+  buffer (:func:`round_label`), then the ChaCha20 key stream. Flower's ``pseudo_rand_gen`` is *not* used: it
+  XOR-folds the key to a 32-bit seed of numpy's Mersenne Twister, so a curious server could recover a mask by
   trying 2^32 seeds.
 
-Encoding (spec 4.3 item 3): clip to ``[-c, c]`` (``c = 8``), stochastic rounding of ``(x + c)(Q - 1)/(2c)`` with
-``Q = 2^22`` levels, modulus ``M = 2^32``; ``s * Q < M`` is required so a buffer sum never wraps. The decoded mean
-is within ``2c/(Q - 1)`` (about 3.8e-6) of the mean of the clipped inputs, and unbiased.
+Encoding: clip to ``[-c, c]`` (``c = 8``), stochastic rounding of ``(x + c)(Q - 1)/(2c)`` with ``Q = 2^22``
+levels, modulus ``M = 2^32``; ``s * Q < M`` is required so a buffer sum never wraps. The decoded mean is within
+``2c/(Q - 1)`` (about 3.8e-6) of the mean of the clipped inputs, and unbiased.
 
-Dropouts (spec 4.3, 11.19): a buffer with a missing, malformed or late member is **discarded** for the round; the
-robust aggregator runs on the remaining buffer means. Survivors are never unmasked: with ``s = 2`` removing the
-dropped partner's masks would hand the server the survivor's individual vector. This is why no Shamir secret
-sharing is needed. Bonawitz et al. share each client's DH secret key so that the server can rebuild a *dropped*
-client's pairwise masks and unmask the survivors; and, because that reveals the dropped client's pairwise seeds,
-they add a per-client self-mask (also Shamir-shared) so that an upload of the "dropped" client arriving late
-cannot then be unmasked. Under the discard policy no pairwise seed is ever revealed, so a late upload stays
-hidden behind its pairwise masks and no self-mask is needed either; all the server ever learns is the sum of a
-complete buffer, which it is meant to learn. Recovery would also cost a third message exchange per round (about
-6 s per exchange in a deployment) on top of FedREP's two.
-
-Security model and caller obligations:
-
-* honest-but-curious server: without authenticated public keys, an actively malicious server can substitute keys
-  (man-in-the-middle) or put a client in a "buffer" of clients it controls -- the same as Bonawitz et al.'s
-  semi-honest variant;
-* a client masks at most one vector per (key pair, label): a fresh key pair per round and one phase-2 reply per
-  round guarantee it (two uploads under the same mask would reveal the difference of the two vectors);
-* ``s = 1`` cannot be masked (the "mean" of one client is its vector): :func:`masked_upload` and
-  :func:`decode_buffers` raise ``ValueError`` and the caller must use ``secagg_mode = plain``.
+Caller obligations: a member masks at most one vector per (key pair, label) -- a fresh key pair per round and one
+masked upload per round guarantee it (two uploads under the same masks would reveal the difference of the two
+vectors); and it answers at most one unmask request per round.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib
+import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast, overload
 
 import numpy as np
@@ -66,17 +66,33 @@ __all__ = [
     "DEFAULT_CLIP",
     "DEFAULT_LEVELS",
     "MODULUS",
+    "MaskedInput",
+    "NodeIdentity",
+    "TrustStore",
     "buffer_partition",
+    "check_buffer",
     "check_public_key",
-    "decode_buffer_mean",
-    "decode_buffers",
+    "check_threshold",
+    "combine_secret",
+    "decrypt_share",
+    "default_threshold",
     "dequantize",
+    "derive",
+    "encrypt_share",
     "expand_mask",
-    "mask_label",
-    "masked_upload",
+    "mask_input",
     "new_keypair",
+    "pair_seed",
     "pairwise_key",
     "quantize",
+    "rebuild_sum",
+    "reveal",
+    "round_label",
+    "self_mask",
+    "signing_statement",
+    "split_secret",
+    "threshold_masked_upload",
+    "unmask_sum",
 ]
 
 DEFAULT_CLIP = 8.0
@@ -87,6 +103,16 @@ MODULUS = 2**32
 """Modulus ``M`` of the masked arithmetic: uint32 wraparound."""
 
 KEY_BYTES = 32
+
+# --- the wire vocabulary of the protocol (config keys and record names), shared by both ends -----------------------
+#: config keys of the protocol's messages: phase ("keys" / "mask" / "unmask"), run label, round, buffer id, members
+#: (JSON list of client ids), threshold t, the fixed-point code, and the unmask request's survivors / dropped
+S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS, S_DROPPED = (
+    "secure.phase", "secure.run", "secure.round", "secure.buffer", "secure.members", "secure.threshold",
+    "secure.clip", "secure.levels", "secure.survivors", "secure.dropped",
+)
+#: the names of the protocol's ArrayRecord and (in key replies) ConfigRecord
+S_RECORD, S_INFO = "secure", "secure-info"
 
 # --- key agreement (Flower's primitives) -------------------------------------------------------------------------
 
@@ -174,8 +200,8 @@ _generate_shared_key = cast(
 def new_keypair() -> tuple[bytes, bytes]:
     """A fresh EC key pair (SECP384R1) as ``(private PEM bytes, public PEM bytes)``.
 
-    Make one per client and round; send the public bytes with the phase-1 reply, keep the private bytes until the
-    phase-2 reply (in the client's ``Context.state``) and then forget them.
+    Make one per member and round; send the public bytes (signed, :func:`signing_statement`) with the key reply,
+    keep the private bytes (in the device's ``Context.state``) until the round's unmask step and then forget them.
     """
     private_key, public_key = _generate_key_pairs()
     return _private_key_to_bytes(private_key), _public_key_to_bytes(public_key)
@@ -194,7 +220,8 @@ def _load_public_key(public_key: bytes) -> _PublicKey:
 def check_public_key(public_key: bytes) -> None:
     """Raise ``ValueError`` unless ``public_key`` is a PEM SECP384R1 public key (what :func:`new_keypair` makes).
 
-    The server checks every phase-1 key before forwarding it, so a client cannot make its buffer-mates fail.
+    The server checks every key before forwarding it, so a client cannot make its buffer-mates fail; a device checks
+    each mate's key again (the server is not trusted).
     """
     _load_public_key(public_key)
 
@@ -211,15 +238,6 @@ def pairwise_key(private_key: bytes, peer_public: bytes) -> bytes:
 
 
 # --- masks -------------------------------------------------------------------------------------------------------
-
-
-def mask_label(run_seed: int, server_round: int, buffer_id: int) -> bytes:
-    """The HKDF ``info`` label of the masks of one buffer in one round: ``b"fedrep-mask|run=..|round=..|buffer=.."``.
-
-    Both members of a pair must use the same label. With fresh key pairs every round the label is domain
-    separation; with key pairs kept for a whole run it is what makes the masks of different rounds differ.
-    """
-    return f"fedrep-mask|run={int(run_seed)}|round={int(server_round)}|buffer={int(buffer_id)}".encode()
 
 
 def expand_mask(key32: bytes, label: bytes, n: int) -> NDArray[np.uint32]:
@@ -283,127 +301,6 @@ def dequantize(
     return total / count
 
 
-def masked_upload(
-    x: ArrayLike,
-    me: int,
-    private_key: bytes,
-    peers: Mapping[int, bytes],
-    label: bytes,
-    rng: np.random.Generator,
-    clip: float = DEFAULT_CLIP,
-    levels: int = DEFAULT_LEVELS,
-) -> NDArray[np.uint32]:
-    """A client's phase-2 upload: ``quantize(x) + sum_{j > me} PRG(k_j) - sum_{j < me} PRG(k_j)`` (mod ``2^32``).
-
-    Parameters
-    ----------
-    x
-        The client's vector (1-D, length n), e.g. its sparse update on the consensus coordinates.
-    me
-        The client's partition id; masks are signed by comparing it with the peers' ids.
-    private_key
-        The client's private key of this round (PEM bytes from :func:`new_keypair`).
-    peers
-        Buffer-mates' public keys (PEM bytes) keyed by partition id, ``me`` excluded; at least one.
-    label
-        :func:`mask_label` of this run, round and buffer (the same for every member of the buffer).
-    rng
-        Randomness of the stochastic rounding; consumed exactly as ``quantize(x, rng, ...)``.
-    """
-    if not peers:
-        raise ValueError("masking needs at least one buffer-mate: with s = 1 use plain (unmasked) mode")
-    if me in peers:
-        raise ValueError(f"partition id {me} is listed among its own buffer-mates")
-    values = np.asarray(x, dtype=np.float64)
-    if values.ndim != 1:
-        raise ValueError(f"x must be 1-D, got shape {values.shape}")
-    _check_capacity(len(peers) + 1, levels)
-    upload = quantize(values, rng, clip, levels)
-    for peer in sorted(peers):
-        mask = expand_mask(pairwise_key(private_key, peers[peer]), label, values.size)
-        # Deliberate uint32 wraparound: numpy array arithmetic on unsigned integers is exact mod 2^32.
-        if peer > me:
-            upload += mask
-        else:
-            upload -= mask
-    return upload
-
-
-# --- server side -------------------------------------------------------------------------------------------------
-
-
-def decode_buffer_mean(
-    uploads: Sequence[NDArray[np.uint32]], clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS
-) -> NDArray[np.float64]:
-    """The mean of a *complete* buffer's vectors from its members' masked uploads: their sum mod ``2^32`` (the
-    pairwise masks cancel) dequantized. Raises ``ValueError`` for fewer than 2 uploads or mismatched arrays."""
-    if len(uploads) < 2:
-        raise ValueError("never decode fewer than 2 uploads: one upload alone is a single client's vector")
-    _check_capacity(len(uploads), levels)
-    first = uploads[0]
-    for upload in uploads:
-        if not isinstance(upload, np.ndarray) or upload.dtype != np.dtype(np.uint32) or upload.ndim != 1:
-            raise ValueError("uploads must be 1-D uint32 arrays")
-        if upload.shape != first.shape:
-            raise ValueError(f"upload shapes differ: {upload.shape} vs {first.shape}")
-    total = np.sum(np.stack(uploads), axis=0, dtype=np.uint64) % MODULUS
-    return dequantize(total, len(uploads), clip, levels)
-
-
-def decode_buffers(
-    received: Mapping[int, Any],
-    buffers: Sequence[Sequence[int]],
-    *,
-    length: int | None = None,
-    clip: float = DEFAULT_CLIP,
-    levels: int = DEFAULT_LEVELS,
-) -> tuple[dict[int, NDArray[np.float64]], list[int]]:
-    """Decode every complete buffer of a round; discard the others.
-
-    Parameters
-    ----------
-    received
-        Masked uploads keyed by partition id (whatever arrived; entries of clients in no buffer are ignored).
-    buffers
-        The round's buffers (buffer id = position), each of >= 2 partition ids; e.g. from :func:`buffer_partition`.
-    length
-        The expected vector length n (the number of consensus coordinates). If None, the members of a buffer must
-        merely agree on the length.
-
-    Returns
-    -------
-    ``(means, discarded)``: ``means[buffer_id]`` is the float64 mean of the buffer, and ``discarded`` lists (in
-    ascending order) the buffers with a missing member or an upload that is not a 1-D uint32 array of ``length``
-    (or, without ``length``, of its buffer-mates' length).
-    A discarded buffer is never partially unmasked.
-
-    Raises ``ValueError`` for a buffer of fewer than 2 members (s = 1 cannot be masked), a partition id in two
-    buffers, or ``s * levels >= 2^32``.
-    """
-    seen: set[int] = set()
-    for buffer_id, members in enumerate(buffers):
-        if len(members) < 2:
-            raise ValueError(f"buffer {buffer_id} has {len(members)} member(s): masking needs s >= 2")
-        if len(set(members)) != len(members) or seen.intersection(members):
-            raise ValueError(f"buffer {buffer_id} repeats a partition id")
-        seen.update(members)
-        _check_capacity(len(members), levels)
-    expected = np.dtype(np.uint32)
-    means: dict[int, NDArray[np.float64]] = {}
-    discarded: list[int] = []
-    for buffer_id, members in enumerate(buffers):
-        uploads = [received.get(member) for member in members]
-        shape = (length,) if length is not None else getattr(uploads[0], "shape", None)
-        if all(
-            isinstance(upload, np.ndarray) and upload.dtype == expected and upload.ndim == 1 and upload.shape == shape
-            for upload in uploads
-        ):
-            means[buffer_id] = decode_buffer_mean(cast(list[NDArray[np.uint32]], uploads), clip, levels)
-        else:
-            discarded.append(buffer_id)
-    return means, discarded
-
-
 # --- buffers -----------------------------------------------------------------------------------------------------
 
 
@@ -445,23 +342,7 @@ def buffer_partition(
     return [shuffled[start : start + size] for start in range(0, full, size)], shuffled[full:]
 
 
-# --- the threshold protocol: authenticated keys, self-masks, dropout recovery (issue 18) -------------------------
-#
-# Per round and buffer (members sorted, size s, threshold t with 2t > s and t >= 2):
-#
-# 1. keys: each member makes a fresh key pair and signs (run label, round, its id, its public key) with its long-term
-#    Ed25519 identity; the server forwards the signed keys of the buffer-mates, and a member accepts only mates
-#    whose signature verifies against its own trust store (whoever writes the trust store decides who the peers are);
-# 2. masked input: y_i = q(x_i) + PRG(b_i) + sum_{j > i} PRG(s_ij) - sum_{j < i} PRG(s_ij) (mod 2^32), with b_i a
-#    fresh self-mask seed and s_ij the pairwise seed (ECDH + HKDF); b_i is Shamir-shared t-of-s among the members
-#    (its own share kept), each share encrypted for its holder (AES-GCM under the pairwise channel key);
-# 3. unmask: told which members survived, each survivor reveals, for every peer, EITHER its share of b_j (j
-#    survived) OR its pairwise seed s_ij (j dropped) -- never both, and only once per round. The server rebuilds
-#    b_i of every survivor from t shares and removes the masks of the dropped: it learns the survivors' sum.
-#
-# Why a survivor is never unmasked: its y_i still carries the pairwise masks with the other survivors, which nobody
-# reveals; with fewer than t (>= 2) survivors no self-mask can be rebuilt, and the buffer is discarded. A member told
-# "j dropped" reveals s_ij but never b_j's share, so a late upload of j stays behind PRG(b_j).
+# --- the threshold protocol: identities, shares, masked inputs, unmasking (issue 18) --------------------------------
 
 _LABEL_RE_MAX = 256
 
@@ -481,6 +362,32 @@ def signing_statement(run_label: bytes, server_round: int, client_id: int, publi
     ])
 
 
+def default_threshold(size: int) -> int:
+    """t = floor(s / 2) + 1: the smallest threshold with 2t > s (a majority of the buffer must survive)."""
+    return size // 2 + 1
+
+
+def check_threshold(size: int, threshold: int) -> None:
+    """Raise ValueError unless 2 <= t <= s and 2t > s (two disjoint majorities could each rebuild a self-mask)."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | np.integer) or not (
+            2 <= threshold <= size and 2 * threshold > size):
+        raise ValueError(f"threshold {threshold!r} for a buffer of {size}: need 2 <= t <= s and 2t > s")
+
+
+def check_buffer(me: int, members: Sequence[int], threshold: int, min_buffer: int) -> None:
+    """A device's policy on the buffer it is put in: it is a member, the buffer holds at least ``min_buffer``
+    distinct members, and the threshold is a majority of at least 2. Raises ValueError naming what is wrong."""
+    if len(set(members)) != len(members):
+        raise ValueError(f"the buffer's members {list(members)} repeat a client id")
+    if me not in members:
+        raise ValueError(f"this node (client {me}) is not among the buffer's members {list(members)}")
+    if len(members) < min_buffer:
+        raise ValueError(f"a buffer of {len(members)} is below this device's minimum of {min_buffer}")
+    try:
+        check_threshold(len(members), threshold)
+    except ValueError:
+        raise ValueError(f"threshold {threshold} for a buffer of {len(members)}: this device needs 2 <= t and "
+                         "2t > s") from None
 class NodeIdentity:
     """A node's long-term Ed25519 signing key (its identity in every trust store that lists it).
 
@@ -688,6 +595,8 @@ def unmask_sum(
     if len(survivors) < 2:
         raise ValueError("never unmask fewer than 2 survivors: one upload alone is one member's vector")
     n = uploads[survivors[0]].size
+    if any(u.dtype != np.uint32 or u.shape != (n,) for u in uploads.values()):
+        raise ValueError(f"the survivors' uploads must be 1-D uint32 arrays of one length ({n})")
     total = np.zeros(n, dtype=np.uint32)
     for i in survivors:
         total += uploads[i]
@@ -701,3 +610,92 @@ def unmask_sum(
         else:
             total += mask
     return total
+
+
+# --- one member's steps and the server's rebuild ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MaskedInput:
+    """What :func:`mask_input` makes: the upload (``masked``, the encrypted shares by holder id, the commitment)
+    and the member's own share of its self-mask seed, which it keeps for the unmask step."""
+
+    masked: NDArray[np.uint32]
+    shares: dict[int, bytes]
+    commit: bytes
+    own_share: bytes
+
+
+def _channel(private_key: bytes, peer_public: bytes, label: bytes) -> bytes:
+    """The AES key of the pair's share channel in one round and buffer."""
+    return derive(pairwise_key(private_key, peer_public), label, b"channel")
+
+
+def mask_input(
+    x: ArrayLike, me: int, private_key: bytes, peers: Mapping[int, bytes], threshold: int, label: bytes,
+    rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS,
+) -> MaskedInput:
+    """Step 2 of the protocol for member ``me``: y = q(x) + PRG(b) +- PRG(s_ij) (:func:`threshold_masked_upload`),
+    b a fresh seed from the OS CSPRNG, Shamir-shared t-of-s over the buffer (members = ``me`` and ``peers``, share i
+    for the i-th smallest id), each share for a peer encrypted under the pair's channel key with the direction
+    ``me->peer`` authenticated, and the SHA-256 commitment to b.
+
+    ``peers`` are the buffer-mates' verified public keys by client id; ``rng`` draws the stochastic rounding only.
+    """
+    if me in peers:
+        raise ValueError(f"client {me} is listed among its own buffer-mates")
+    order = sorted([me, *peers])
+    check_threshold(len(order), threshold)
+    seed = os.urandom(32)
+    masked = threshold_masked_upload(x, me, private_key, peers, label, seed, rng, clip, levels)
+    shares = dict(zip(order, split_secret(seed, threshold, len(order)), strict=True))
+    sealed = {cid: encrypt_share(_channel(private_key, pk, label), shares[cid], label + f"|{me}->{cid}".encode())
+              for cid, pk in peers.items()}
+    return MaskedInput(masked, sealed, hashlib.sha256(seed).digest(), shares[me])
+
+
+def reveal(
+    me: int, private_key: bytes, peer_keys: Mapping[int, bytes], own_share: bytes, threshold: int,
+    survivors: Sequence[int], dropped: Sequence[int], sealed_for_me: Mapping[int, bytes], label: bytes,
+) -> tuple[dict[int, bytes], dict[int, bytes]]:
+    """Step 3 for member ``me``: ``(self-mask shares by owner, pairwise seeds by dropped peer)``.
+
+    Refuses (ValueError) unless survivors and dropped split the buffer (``me`` and ``peer_keys``), ``me`` survived
+    and at least t survived: for every peer it reveals EITHER its share of the peer's self-mask seed (decrypted from
+    ``sealed_for_me[peer]``; the peer survived) OR their pairwise seed (the peer dropped), never both.
+    """
+    members = sorted([me, *peer_keys])
+    if sorted([*survivors, *dropped]) != members or set(survivors) & set(dropped):
+        raise ValueError(f"survivors {list(survivors)} and dropped {list(dropped)} must split the buffer {members}")
+    if me not in survivors:
+        raise ValueError("this node is told it dropped, yet it is asked to unmask")
+    if len(survivors) < threshold:
+        raise ValueError(f"{len(survivors)} survivor(s) are below the threshold {threshold}: nothing is revealed")
+    shares = {me: own_share}
+    for cid in survivors:
+        if cid != me:
+            if cid not in sealed_for_me:
+                raise ValueError(f"the request lacks the share that survivor {cid} sealed for this node")
+            shares[cid] = decrypt_share(_channel(private_key, peer_keys[cid], label), sealed_for_me[cid],
+                                        label + f"|{cid}->{me}".encode())
+    return shares, {cid: pair_seed(private_key, peer_keys[cid], label) for cid in dropped}
+
+
+def rebuild_sum(
+    uploads: Mapping[int, NDArray[np.uint32]], commits: Mapping[int, bytes], shares: Mapping[int, Sequence[bytes]],
+    revealed_pairs: Mapping[tuple[int, int], bytes], label: bytes,
+) -> NDArray[np.uint32]:
+    """The server's step 3: the survivors' exact quantized sum (mod 2^32) from their uploads.
+
+    ``shares[i]`` are the revealed shares of survivor i's self-mask seed (at least t of them); the rebuilt seed must
+    hash to i's commitment (a wrong or forged share is caught here). ``revealed_pairs[(i, j)]`` is s_ij as revealed
+    by survivor i for dropped j. Raises ValueError for fewer than 2 survivors, a seed that misses its commitment, or
+    a pair that does not join a survivor to a dropped member.
+    """
+    seeds: dict[int, bytes] = {}
+    for cid in uploads:
+        seed = combine_secret(shares[cid])
+        if hashlib.sha256(seed).digest() != commits[cid]:
+            raise ValueError(f"the self-mask seed rebuilt for client {cid} does not match its commitment")
+        seeds[cid] = seed
+    return unmask_sum(uploads, seeds, revealed_pairs, label)

@@ -14,7 +14,11 @@ Since l_ij = l_ji, a coordinate c of a pair's mask is sent by both or neither, s
 per-coordinate sum over the clients that sent c; the server learns sum_{i : c in U_i} x_i[c] and how many clients
 sent c. Each client sends a fraction Gamma ~ 1 - (1 - p)^(N - 1) of the coordinates: p = 1 - (1 - Gamma)^(1/(N-1)).
 There is no error compensation. All N clients form one group: a client missing in the upload phase leaves
-unmatched masks, so the round's aggregate is discarded (our dropout rule, as for FedREP's buffers).
+unmatched masks, so the round's aggregate is discarded (our dropout rule for this baseline).
+
+This baseline keeps its own key exchange: one fresh, unsigned SECP384R1 key per client and round, relayed by the
+server (an honest-but-curious server, as in the paper it reproduces). It is not the threshold protocol of
+:mod:`fedapp.secagg` that FedREP and SecureBuffers use, so a device in secure mode refuses to take part in it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from numpy.typing import NDArray
 from fedapp import secagg
 
 _LOC, _VAL = b"|location", b"|value"
+
+
+def mask_label(run_seed: int, server_round: int) -> bytes:
+    """The HKDF label of one round's pairwise masks in one run: ``b"sparse-secagg|run=..|round=.."``."""
+    return f"sparse-secagg|run={int(run_seed)}|round={int(server_round)}".encode()
 
 
 def location_probability(gamma: float, n: int) -> float:

@@ -34,7 +34,8 @@ def make_contexts(cfg: RunConfig) -> dict[int, Context]:
 
 
 def run_rounds(strategy: Any, contexts: dict[int, Context], rounds: int, *, start: int = 1) -> None:
-    """Drive `rounds` rounds: configure -> every client's handler -> aggregate -> evaluate."""
+    """Drive `rounds` rounds: [pre-train exchange] -> train -> [post-train exchange] -> evaluate, as Flower's path
+    (strategies.base.FederatedStrategy.configure_train / aggregate_train) does."""
     for rnd in range(start, start + rounds):
         strategy.begin_round(rnd)
         pre = strategy.pre_train_contents(rnd)
@@ -42,6 +43,9 @@ def run_rounds(strategy: Any, contexts: dict[int, Context], rounds: int, *, star
             strategy.consume_pre_train(rnd, [_answer(mtype, node, content, contexts) for node, mtype, content in pre])
         replies = [_answer("train", node, content, contexts) for node, content in strategy.checked_train_contents(rnd)]
         strategy.consume_replies(rnd, replies)
+        post = strategy.post_train_contents(rnd)
+        if post:
+            strategy.consume_post_train(rnd, [_answer(mtype, node, content, contexts) for node, mtype, content in post])
         strategy.evaluate_round(rnd)
 
 
@@ -97,6 +101,9 @@ def run_clients(
         if pre:
             strategy.consume_pre_train(rnd, [answer(mtype, node, content) for node, mtype, content in pre])
         strategy.consume_replies(rnd, [answer("train", node, content) for node, content in strategy.checked_train_contents(rnd)])
+        post = strategy.post_train_contents(rnd)
+        if post:
+            strategy.consume_post_train(rnd, [answer(mtype, node, content) for node, mtype, content in post])
         strategy.evaluate_round(rnd)
     return strategy, contexts
 

@@ -19,8 +19,11 @@ every algorithm needs the same way:
 * **bookkeeping**: bytes counted from the serialized records both ways, per-client privacy figures, central
   evaluation through Flower's ``evaluate_fn``, and a per-round history (:class:`fedapp.results.RoundRecord`).
 
-The in-process driver (``simulations/inprocess.py``) calls :meth:`train_contents` / :meth:`consume_replies` /
-:meth:`evaluate_round` with the same RecordDicts, so both drivers run the same code.
+A round is the train exchange, optionally preceded by a pre-train exchange (:meth:`pre_train_contents` /
+:meth:`consume_pre_train`: FedREP's proposals) and followed by a post-train exchange (:meth:`post_train_contents` /
+:meth:`consume_post_train`: the unmask step of FedREP's secure buffers). Flower's path sends them through the Grid
+from :meth:`configure_train` and :meth:`aggregate_train`; the in-process drivers (``simulations/inprocess.py``)
+call the same methods with the same RecordDicts, so every driver runs the same code.
 """
 
 from __future__ import annotations
@@ -494,6 +497,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self._carried: dict[str, NDArray[Any]] = {}
         self.x: FloatArray = np.zeros(0)
         self.user_config: dict[str, Any] = {}
+        self._grid: Grid | None = None
         self.init_bookkeeping(eval_every=eval_every)
 
     # ------------------------------------------------------------------ the model
@@ -627,13 +631,31 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """(node id, message type, content) of an exchange that must precede the train messages of the round.
 
         Most algorithms have none (one exchange per round). FedREP sends its propose phase here (ConSpar's
-        coordinate proposals and the secure-aggregation keys), so a round stays two exchanges in every driver.
+        coordinate proposals and, masked, the devices' signed keys), the same in every driver.
         """
         return []
 
     def consume_pre_train(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> None:
         """Digest the replies of :meth:`pre_train_contents` (a subclass that sends any must override this)."""
         raise NotImplementedError(f"{type(self).__name__} sent pre-train messages but does not consume them")
+
+    def post_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
+        """(node id, message type, content) of an exchange that must follow the train replies before the round is
+        complete; asked once per round, after :meth:`consume_replies`.
+
+        Most algorithms have none (the round is complete after :meth:`consume_replies`). FedREP with masked buffers
+        sends the unmask requests here: the buffer sums exist only once the survivors reveal their parts.
+        """
+        return []
+
+    def consume_post_train(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> MetricRecord:
+        """Digest the replies of :meth:`post_train_contents`, complete the round and return its metrics (a subclass
+        that sends any must override this)."""
+        raise NotImplementedError(f"{type(self).__name__} sent post-train messages but does not consume them")
+
+    def round_metrics(self) -> MetricRecord:
+        """The round's diagnostics so far as Flower's MetricRecord (numbers only)."""
+        return MetricRecord({k: float(v) for k, v in self._acc.get("diag", {}).items() if isinstance(v, int | float)})
 
     def to_all(self, message_type: str, content: RecordDict) -> list[tuple[int, str, RecordDict]]:
         """The same content to every client, e.g. a registration exchange (downlink counted per message)."""
@@ -664,10 +686,17 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             arrays, config = self.client_payload(server_round, cid)
             content = train_content(arrays, self.message_config(server_round, config),
                                     arrays_key=self.arrayrecord_key, config_key=self.configrecord_key)
+            for name, record in self.client_records(server_round, cid).items():
+                content[name] = record
             self._acc["down"] += recorddict_nbytes(content)
             out.append((self.node_of[cid], content))
         self._acc["sent"] = len(out)
         return out
+
+    def client_records(self, server_round: int, client: int) -> dict[str, ArrayRecord]:
+        """Records a client's train message carries beside the arrays and the config (default none; FedREP's masked
+        buffers add the buffer-mates' signed keys)."""
+        return {}
 
     def reject(self, server_round: int, node_id: int, why: str) -> None:
         """Count and log a rejected reply (its reason goes into the round's error tally)."""
@@ -682,6 +711,13 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             raise MalformedPayload(f"reply must carry an ArrayRecord {self.arrayrecord_key!r} and a MetricRecord "
                                    "'metrics'")
         arrays = content.array_records[self.arrayrecord_key].to_numpy_ndarrays()
+        return arrays, self.validate_metrics(content)
+
+    @staticmethod
+    def validate_metrics(content: RecordDict) -> dict[str, Any]:
+        """A reply's MetricRecord 'metrics', every value a finite number (or list of them)."""
+        if "metrics" not in content.metric_records:
+            raise MalformedPayload("reply must carry a MetricRecord 'metrics'")
         m = dict(content.metric_records["metrics"])
         bad = sorted(k for k, v in m.items() if not _metric_ok(v))
         if bad:
@@ -689,7 +725,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         bad = sorted(k for k, v in m.items() if "accuracy" in k and not (isinstance(v, int | float) and 0 <= v <= 1))
         if bad:
             raise MalformedPayload(f"accuracy metric(s) {bad} outside [0, 1]")
-        return arrays, m
+        return m
 
     def update_vector(self, server_round: int, client: int, update: Any) -> FloatArray | None:
         """The change a decoded reply asks of the model (for the norm screen); None: nothing to screen (masked)."""
@@ -739,9 +775,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                 continue
             self._acc["up"] += recorddict_nbytes(content)
             try:
-                arrays, m = self.validate_reply(content)
-                updates[cid] = self.decode_update(server_round, cid, arrays, m)
-                metrics[cid] = m
+                updates[cid], metrics[cid] = self.decode_reply(server_round, cid, content)
             except (MalformedPayload, LayoutMismatch, ValueError, KeyError, TypeError) as err:
                 self.reject(server_round, node_id, str(err))
         self.screen_update_norms(server_round, updates)
@@ -754,7 +788,13 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         for cid, m in metrics.items():
             self.record_privacy(cid, m)
         self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}
-        return MetricRecord({k: float(v) for k, v in self._acc["diag"].items() if isinstance(v, int | float)})
+        return self.round_metrics()
+
+    def decode_reply(self, server_round: int, client: int, content: RecordDict) -> tuple[Any, dict[str, Any]]:
+        """One train reply -> (the algorithm's update, its metrics): the generic checks (:meth:`validate_reply`),
+        then :meth:`decode_update`. A subclass whose replies carry other records overrides this."""
+        arrays, m = self.validate_reply(content)
+        return self.decode_update(server_round, client, arrays, m), m
 
     # ------------------------------------------------------------------ Flower Message API
     def start(
@@ -796,6 +836,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """Send each sampled client its own payload (after a pre-train exchange if the algorithm has one)."""
         if not self.node_of:
             self.connect(grid)
+        self._grid = grid  # aggregate_train sends the post-train exchange, if any, through it
         self.begin_round(server_round)
         pre = self.pre_train_contents(server_round)
         if pre:
@@ -814,12 +855,22 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         return contents
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Decode and aggregate; returns the global model in the user's layout and the round's diagnostics."""
+        """Decode and aggregate (after a post-train exchange if the algorithm has one); returns the global model in
+        the user's layout and the round's diagnostics."""
         items: list[tuple[int, RecordDict | str]] = [
             (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in replies
         ]
-        diag = self.consume_replies(server_round, items)
-        return self.current_arrays(), diag
+        self.consume_replies(server_round, items)
+        post = self.post_train_contents(server_round)
+        if post:
+            if self._grid is None:
+                raise RuntimeError("a post-train exchange needs the Grid of configure_train")
+            msgs = [Message(content, dst_node_id=node, message_type=mtype) for node, mtype, content in post]
+            got = self._grid.send_and_receive(msgs, timeout=self.node_wait_s)
+            self.consume_post_train(server_round, [
+                (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in got
+            ])
+        return self.current_arrays(), self.round_metrics()
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """No federated evaluation: the server evaluates the global model centrally (``evaluate_fn``)."""

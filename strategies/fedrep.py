@@ -2,25 +2,36 @@
 Preserving Framework for Federated Learning", arXiv 2303.05206; spec shared/specs/fedrep.md 3.4, 10.3), and the
 baselines built from the same pieces: SHARE, dense FedAvg and SparseSecAgg.
 
-One FedREP iteration is one Flower round of exactly two message exchanges (DESIGN.md: each exchange costs about
-6 s in a deployment, so there is no third):
+One FedREP iteration is one Flower round: two message exchanges with plain buffers, three with masked ones (each
+exchange costs about 6 s in a deployment):
 
 1. ``query.propose`` to all m clients (sent from ``configure_train`` through the Grid): the downlink of the last
    round's sparse aggregate (I^{t-1}, G~^{t-1}) -- or the dense model for a client that is not in sync -- and the
-   round's local-algorithm settings. Replies: each client's k = K/m proposed coordinates and, when masked, a fresh
-   public key. The server takes the union I^t (S1) and draws a fresh random partition into buffers of size s (S2).
-2. ``train`` to the buffered clients: I^t, the buffer id and the buffer-mates' public keys (S3). Replies: g[I^t]
-   masked with pairwise one-time pads so that the server learns only each buffer's mean b_l (S4); the robust
-   aggregator over the buffer means gives G~^t (S5) and w^{t+1} = w^t - G~^t (S7).
+   round's local-algorithm settings. Replies: each client's k = K/m proposed coordinates and, when masked, its
+   fresh key for this round signed by its long-term identity. The server takes the union I^t (S1) and draws a
+   fresh random partition into buffers of size s (S2).
+2. ``train`` to the buffered clients: I^t, the buffer and, when masked, the buffer-mates' signed keys (S3).
+   Replies: g[I^t], masked inside the buffer with the threshold protocol of :mod:`fedapp.secagg` (pairwise masks
+   plus a Shamir-shared self-mask), so that the server learns only each buffer's sum (S4); plain otherwise.
+3. masked only, ``query.unmask`` to the survivors of each buffer with at least t survivors (the post-train exchange
+   of :class:`strategies.base.FederatedStrategy`): each reveals, per buffer-mate, a share of its self-mask seed or
+   the pairwise seed of a dropped mate, never both; the server rebuilds the survivors' exact quantized sum. Then
+   the robust aggregator over the buffer means gives G~^t (S5) and w^{t+1} = w^t - G~^t (S7).
 
-The clients are :class:`clients.fedrep.FedREPClient` (``FedREPClient.client_app(client_fn)`` registers both
-actions). Failures never stall a round (spec 4.3 "Dropouts"): a client that fails phase 1 is left out of this
-round's buffers; a buffer with a member missing in phase 2 (or a malformed upload) is discarded and the aggregator
-runs on the others. A round in which no proposal is accepted raises :class:`strategies.base.RoundFailed`.
+The secure aggregation is the one :class:`strategies.wrappers.SecureBuffers` uses (server steps
+:class:`strategies.secure.BufferSecAgg`, device steps :mod:`clients.secure`): the devices hold the security
+policy, not the server. A masked round needs devices in secure mode (``FedREPClient(..., secure=SecureDevice(...))``);
+such a device never sends an update in the clear, whatever a message says.
+
+The clients are :class:`clients.fedrep.FedREPClient` (``FedREPClient.client_app(client_fn)`` registers every
+action). Failures never stall a round (spec 4.3 "Dropouts"): a client that fails phase 1 is left out of this
+round's buffers; a buffer keeps its survivors' mean while at least t members upload and answer the unmask request
+(t = 2 for s = 2: there a dropout discards the buffer, which no protocol can avoid), else it is discarded and the
+aggregator runs on the others. A round in which no proposal is accepted raises :class:`strategies.base.RoundFailed`.
 
 The math is in the math layer, so that other strategies can reuse it: ConSpar in
-:mod:`fedapp.compression.conspar`, the buffers and the pairwise masking in :mod:`fedapp.secagg`, the aggregators
-in :mod:`fedapp.robust`, the local algorithm and the server step in :mod:`fedapp.algorithms.fedrep`.
+:mod:`fedapp.compression.conspar`, the buffers and the threshold protocol in :mod:`fedapp.secagg`, the
+aggregators in :mod:`fedapp.robust`, the local algorithm and the server step in :mod:`fedapp.algorithms.fedrep`.
 
 Simulation only (spec 10.4): an :class:`fedapp.attacks.OmniscientOracle` given as ``oracle`` replaces the
 Byzantine clients' plain uploads by ALIE or FoE vectors computed from the honest ones, and their proposals by an
@@ -37,10 +48,11 @@ from logging import WARNING
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from fedapp import secagg
 from fedapp.algorithms.fedrep import learning_rate, model_crc, server_step, trainable_count
 from fedapp.compression import conspar
 from fedapp.compression.codec import MalformedPayload
@@ -49,13 +61,14 @@ from fedapp.layout import FloatArray
 from fedapp.robust import CenteredClipping, Mean
 from fedapp.wire import train_content
 from strategies.base import ROUND_KEY, FederatedStrategy, Scalar, client_error_text
+from strategies.secure import BufferSecAgg, UnmaskPlan
 
 if TYPE_CHECKING:
     from fedapp.attacks import OmniscientOracle
 
 __all__ = ["SHARE", "DenseFedAvg", "FedREP", "SparseSecAgg"]
 
-PROPOSE = "query.propose"
+PROPOSE, UNMASK = "query.propose", "query.unmask"
 STREAM_BUFFERS, STREAM_ORACLE, STREAM_SANITIZE = 20, 21, 22
 MAX_KEY_BYTES = 512
 
@@ -92,8 +105,12 @@ class FedREP(FederatedStrategy):
         m/s means robustly. Default 2 (Sec. 5). Keep the Byzantine clients below m/(2s) (spec 3.1); with m not a
         multiple of s, the clients of a short last buffer sit out the round (drawn afresh each round).
     masked
-        True (default): pairwise one-time pads inside each buffer (:mod:`fedapp.secagg`, Bonawitz et al. 2017), so
-        the server never sees an individual upload; False: plain uploads (the server computes the buffer means).
+        True (default): the threshold secure aggregation inside each buffer (:mod:`fedapp.secagg`, Bonawitz et al.
+        2017 per buffer; the devices must be in secure mode, :class:`clients.secure.SecureDevice`), so the server
+        learns only each buffer's sum; False: plain uploads (the server computes the buffer means).
+    threshold
+        t, survivors a masked buffer needs to be unmasked (default s // 2 + 1; 2 <= t <= s and 2t > s). With s = 2,
+        t = 2: a dropout discards its buffer (the lone survivor is never unmasked).
     aggregator
         The robust aggregator over the buffer means, a callable of an (n, |I^t|) array (:mod:`fedapp.robust`):
         ``Mean()``, ``GeometricMedian(iters=5)``, ``TrimmedMean(7/16)`` or ``CenteredClipping(tau=0.5, iters=5)``
@@ -143,6 +160,7 @@ class FedREP(FederatedStrategy):
         conspar: ConSpar | None = ConSpar(),  # noqa: B008 (frozen, immutable)
         buffer_size: int = 2,
         masked: bool = True,
+        threshold: int | None = None,
         aggregator: Aggregator = CenteredClipping(),  # noqa: B008 (frozen, immutable)
         lr: float = 0.5,
         lr_decay_round: int | None = None,
@@ -178,6 +196,17 @@ class FedREP(FederatedStrategy):
                 raise ValueError(f"an omniscient {oracle.values!r} oracle needs the clients' uploads in the clear: "
                                  "masked=False (with masking the server cannot see individual vectors, by design)")
         self.masked = masked
+        self.secure: BufferSecAgg | None = None
+        if masked:
+            t = secagg.default_threshold(buffer_size) if threshold is None else threshold
+            try:
+                secagg.check_threshold(buffer_size, t)
+            except ValueError:
+                raise ValueError(f"threshold must be an integer with 2 <= t <= s and 2t > s (s = {buffer_size}), "
+                                 f"got {t!r}") from None
+            self.secure = BufferSecAgg(threshold=t)
+        elif threshold is not None:
+            raise ValueError("threshold applies to masked buffers only (masked=False)")
         self.aggregator = aggregator
         self.lr = _positive("lr", lr)
         if lr_decay_round is not None:
@@ -196,7 +225,7 @@ class FedREP(FederatedStrategy):
         self.num_trainable = 0
         self.synced: set[int] | None = None  # clients holding w^t (None: not decided before round 1)
         self.last_update: tuple[NDArray[np.int64], NDArray[np.float32]] = _EMPTY
-        self.rs: dict[str, Any] = {}  # the current round's I^t, buffers, keys (server state of one round)
+        self.rs: dict[str, Any] = {}  # the current round's I^t, buffers, keys, uploads (server state of one round)
 
     # ------------------------------------------------------------------ the model
     def on_initialize(self) -> None:
@@ -241,6 +270,8 @@ class FedREP(FederatedStrategy):
         }
         if self.batch_size is not None:
             cfg["batch-size"] = self.batch_size
+        if self.secure is not None:  # the devices sign this round's key for this run
+            cfg[secagg.S_RUN] = self.secure.run_label
         return cfg
 
     def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
@@ -264,30 +295,32 @@ class FedREP(FederatedStrategy):
         self.last_update = _EMPTY
         return out
 
-    def _decode_proposal(self, server_round: int, cid: int, content: RecordDict) -> tuple[NDArray[np.int64], bytes]:
+    #: arrays of a proposal reply: the proposed indices (SparseSecAgg adds its unsigned key)
+    proposal_arrays = 1
+
+    def _decode_proposal(self, server_round: int, cid: int, content: RecordDict) -> tuple[NDArray[np.int64], list[NDArray[Any]]]:
+        """The sanitized proposal of one reply, and the reply's arrays."""
         if self.arrayrecord_key not in content.array_records:
             raise MalformedPayload(f"propose reply must carry an ArrayRecord {self.arrayrecord_key!r}")
         arrays = content.array_records[self.arrayrecord_key].to_numpy_ndarrays()
-        want = 2 if self.masked else 1
-        if len(arrays) != want:
-            raise MalformedPayload(f"propose reply has {len(arrays)} arrays, expected {want}")
+        if len(arrays) != self.proposal_arrays:
+            raise MalformedPayload(f"propose reply has {len(arrays)} arrays, expected {self.proposal_arrays}")
         raw = arrays[0]
         if self.k >= self.dim:
             if raw.size:
                 raise MalformedPayload("with k = d (SHARE) the proposal must be empty")
-            prop = np.zeros(0, dtype=np.int64)
-        else:
-            prop = conspar.sanitize_proposal(raw, self.dim, self.k, self.rng(STREAM_SANITIZE, server_round, cid))
-        key = b""
-        if want == 2:
-            from fedapp import secagg
+            return np.zeros(0, dtype=np.int64), arrays
+        return conspar.sanitize_proposal(raw, self.dim, self.k, self.rng(STREAM_SANITIZE, server_round, cid)), arrays
 
-            pk = arrays[1]
-            if pk.dtype != np.uint8 or pk.ndim != 1 or not 0 < pk.size <= MAX_KEY_BYTES:
-                raise MalformedPayload("public key must be a 1-D uint8 array of at most 512 bytes")
-            key = pk.tobytes()
-            secagg.check_public_key(key)
-        return prop, key
+    def accept_key(self, server_round: int, node_id: int, content: RecordDict, arrays: list[NDArray[Any]]) -> bytes:
+        """The key a proposal reply carries for this round's buffer: with masked buffers the device's signed key
+        (kept by :class:`strategies.secure.BufferSecAgg`; its mates check the signature); none in plain mode."""
+        if self.secure is None:
+            return b""
+        if secagg.S_RECORD not in content.array_records or secagg.S_INFO not in content.config_records:
+            raise MalformedPayload("a masked round's proposal must carry the device's signed key (records "
+                                   f"{secagg.S_RECORD!r}, {secagg.S_INFO!r})")
+        return self.secure.accept_key(server_round, node_id, content).public_key
 
     def consume_pre_train(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> None:
         """S1-S2: validate the proposals, take the union I^t, draw the buffers.
@@ -311,10 +344,12 @@ class FedREP(FederatedStrategy):
                 continue
             self.count_up(content)
             try:
-                proposals[cid], keys[cid] = self._decode_proposal(server_round, cid, content)
-            except (MalformedPayload, ValueError, TypeError) as err:
+                proposal, arrays = self._decode_proposal(server_round, cid, content)
+                keys[cid] = self.accept_key(server_round, node_id, content, arrays)
+            except (MalformedPayload, ValueError, TypeError, KeyError) as err:
                 self.reject(server_round, node_id, f"propose: {err}")
                 continue
+            proposals[cid] = proposal
             if self.sparse_downlink:
                 self.synced.add(cid)
             metrics = content.metric_records.get("metrics")
@@ -333,9 +368,17 @@ class FedREP(FederatedStrategy):
         buffers, left_out = self.make_buffers(sorted(proposals), server_round)
         if left_out:
             log(WARNING, "round %d: clients %s left out of the buffers (incomplete buffer)", server_round, left_out)
+        mask: dict[int, tuple[dict[str, Any], ArrayRecord]] = {}
+        if self.secure is not None:  # S3: each buffer's mask request with its members' signed keys
+            for b, members in enumerate(buffers):
+                try:
+                    mask[b] = self.secure.mask_config(server_round, b, [self.node_of[c] for c in members])
+                except ValueError as err:
+                    log(WARNING, "round %d: buffer %d sits out: %s", server_round, b, err)
         self.rs = {
-            "I": consensus, "buffers": buffers, "keys": keys, "losses": losses,
-            "buffer_of": {cid: b for b, members in enumerate(buffers) for cid in members},
+            "I": consensus, "buffers": buffers, "keys": keys, "losses": losses, "mask": mask,
+            "buffer_of": {cid: b for b, members in enumerate(buffers) for cid in members
+                          if self.secure is None or b in mask},
             "I_wire": consensus.astype(np.uint32) if self.k < self.dim else np.zeros(0, dtype=np.uint32),
         }
 
@@ -353,21 +396,33 @@ class FedREP(FederatedStrategy):
     def client_payload(self, server_round: int, client: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
         b = self.rs["buffer_of"][client]
         config: dict[str, Any] = {"buffer-id": b, "masked": self.masked, "upload": self.upload}
-        if self.masked:
-            peers = [p for p in self.rs["buffers"][b] if p != client]
-            config.update({"client-id": client, "mask-session": self.seed, "peer-ids": peers,
-                           "peer-keys": [self.rs["keys"][p] for p in peers]})
+        if self.secure is not None:
+            config.update(self.rs["mask"][b][0])
         return [self.rs["I_wire"]], config
+
+    def client_records(self, server_round: int, client: int) -> dict[str, ArrayRecord]:
+        """Masked: the buffer-mates' signed keys (record ``secure``), which each device checks itself."""
+        if self.secure is None:
+            return {}
+        return {secagg.S_RECORD: self.rs["mask"][self.rs["buffer_of"][client]][1]}
+
+    def decode_reply(self, server_round: int, client: int, content: RecordDict) -> tuple[Any, dict[str, Any]]:
+        """Masked: the device's masked upload (record ``secure``: g[I^t] masked, the sealed shares of its self-mask
+        seed, the seed's commitment) and its metrics; plain: as every strategy (:meth:`decode_update`)."""
+        if self.secure is None:
+            return super().decode_reply(server_round, client, content)
+        metrics = self.validate_metrics(content)
+        members = [self.node_of[c] for c in self.rs["buffers"][self.rs["buffer_of"][client]]]
+        return self.secure.parse_upload(content, self.node_of[client], members, len(self.rs["I"])), metrics
 
     def decode_update(self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
         n = len(self.rs["I"])
         if len(arrays) != 1:
             raise MalformedPayload(f"submit reply has {len(arrays)} arrays, expected 1")
         x = arrays[0]
-        want = np.uint32 if self.masked else np.float32
-        if x.dtype != want or x.shape != (n,):
-            raise MalformedPayload(f"upload must be {np.dtype(want).name} of shape ({n},), got {x.dtype} {x.shape}")
-        if want == np.float32 and not np.all(np.isfinite(x)):
+        if x.dtype != np.float32 or x.shape != (n,):
+            raise MalformedPayload(f"upload must be float32 of shape ({n},), got {x.dtype} {x.shape}")
+        if not np.all(np.isfinite(x)):
             raise MalformedPayload("upload has non-finite values")
         return x
 
@@ -377,13 +432,8 @@ class FedREP(FederatedStrategy):
         return None if self.masked else np.asarray(update, dtype=np.float64)
 
     def buffer_means(self, server_round: int, updates: dict[int, Any]) -> tuple[list[FloatArray], list[int]]:
-        """S4: the mean of each complete buffer (decoded from the masked sums, or computed in plain mode)."""
+        """S4 with plain uploads: the mean of each complete buffer."""
         buffers: list[list[int]] = self.rs["buffers"]
-        if self.masked:
-            from fedapp import secagg
-
-            means_by_id, discarded = secagg.decode_buffers(updates, buffers, length=len(self.rs["I"]))
-            return [means_by_id[b] for b in sorted(means_by_id)], list(discarded)
         vecs = {cid: np.asarray(v, dtype=np.float64) for cid, v in updates.items()}
         if self.oracle is not None:  # SIMULATION ONLY: ALIE / FoE from the honest plain uploads
             vecs = self.oracle.forge_values(vecs)
@@ -402,10 +452,64 @@ class FedREP(FederatedStrategy):
                 "mean_train_loss": float(np.mean(losses)) if losses else float("nan")}
 
     def aggregate(self, server_round: int, updates: dict[int, Any], metrics: dict[int, dict[str, Any]]) -> dict[str, float]:
-        """S4-S7: buffer means -> robust aggregate G~^t on I^t -> w^{t+1} = w^t - G~^t."""
+        """S4-S7: buffer means -> robust aggregate G~^t on I^t -> w^{t+1} = w^t - G~^t. Masked: the uploads wait
+        for the unmask exchange (:meth:`post_train_contents`), which completes the round."""
+        if self.secure is not None:
+            self.rs["uploads"] = updates
+            return {}
         means, discarded = self.buffer_means(server_round, updates)
         if discarded:
             log(WARNING, "round %d: buffer(s) %s discarded (a member missing or malformed)", server_round, discarded)
+        return self.apply_means(server_round, means, discarded)
+
+    # ------------------------------------------------------------------ phase 3 (masked): unmask
+    def post_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
+        """query.unmask to the survivors of each masked buffer with at least t of them; a round with nothing to
+        unmask is completed here (every buffer discarded)."""
+        uploads = self.rs.pop("uploads", None)
+        if self.secure is None or uploads is None:
+            return []
+        buffers = {b: [self.node_of[c] for c in self.rs["buffers"][b]] for b in sorted(self.rs["mask"])}
+        plan = self.secure.plan_unmask(server_round, buffers, {self.node_of[c]: u for c, u in uploads.items()})
+        self.rs["plan"] = plan
+        if not plan.messages:
+            self._finish_unmask(server_round, plan, {})
+            return []
+        out = []
+        for node, content in plan.messages.items():
+            self.count_down(content)
+            out.append((node, UNMASK, content))
+        return out
+
+    def consume_post_train(self, server_round: int, replies: Sequence[tuple[int, RecordDict | str]]) -> MetricRecord:
+        """S4 masked: the survivors' answers -> each buffer's exact mean -> S5-S7."""
+        plan: UnmaskPlan = self.rs.pop("plan")
+        answers: dict[int, RecordDict | str] = {}
+        for node_id, content in replies:
+            if isinstance(content, str):
+                answers[node_id] = client_error_text(content)
+                self.reject(server_round, node_id, f"unmask: {answers[node_id]}")
+                continue
+            self.count_up(content)
+            answers[node_id] = content
+        return self._finish_unmask(server_round, plan, answers)
+
+    def _finish_unmask(self, server_round: int, plan: UnmaskPlan, answers: dict[int, RecordDict | str]) -> MetricRecord:
+        assert self.secure is not None
+        sums, failed = self.secure.unmask(plan, answers)
+        skipped = {b: "a member's key could not be used" for b in range(len(self.rs["buffers"])) if b not in self.rs["mask"]}
+        why = {**skipped, **plan.discarded, **failed}
+        for b in sorted(why):
+            log(WARNING, "round %d: buffer %d discarded: %s", server_round, b, why[b])
+        means = [secagg.dequantize(total, count, self.secure.clip, self.secure.levels)
+                 for total, count in (sums[b] for b in sorted(sums))]
+        diag = self.apply_means(server_round, means, sorted(why))
+        self._acc["diag"] = {**self._acc.get("diag", {}), **diag, "dropped": float(plan.dropped),
+                             "rejected": float(self._acc.get("rejected", 0))}
+        return self.round_metrics()
+
+    def apply_means(self, server_round: int, means: list[FloatArray], discarded: list[int]) -> dict[str, float]:
+        """S5-S7: the robust aggregate G~^t of the buffer means on I^t, w^{t+1} = w^t - G~^t; the diagnostics."""
         idx: NDArray[np.int64] = self.rs["I"]
         diag = self.round_diagnostics(idx, len(means), len(discarded))
         if not means:
@@ -421,6 +525,7 @@ class FedREP(FederatedStrategy):
 
     def describe(self) -> dict[str, Any]:
         out = {**super().describe(), "conspar": self.conspar, "buffer_size": self.buffer_size, "masked": self.masked,
+               **({"threshold": self.secure.threshold} if self.secure is not None else {}),
                "aggregator": self.aggregator, "lr": self.lr, "lr_decay_round": self.lr_decay_round,
                "momentum": self.momentum, "local_steps": self.local_steps, "batch_size": self.batch_size,
                "sparse_downlink": self.sparse_downlink}
@@ -467,6 +572,10 @@ class SparseSecAgg(FedREP):
     uploads the coordinates of its pairwise Bernoulli location masks, additively masked so that only
     per-coordinate sums are revealed; no error compensation, no robust aggregation, one group of all clients.
 
+    The baseline keeps the key exchange of the paper it reproduces: a fresh, unsigned key per client and round in
+    phase 1, relayed by the server (an honest-but-curious server; not the threshold protocol FedREP's masked buffers
+    use). Devices in secure mode therefore refuse it.
+
     Parameters
     ----------
     gamma
@@ -481,6 +590,7 @@ class SparseSecAgg(FedREP):
     """
 
     upload = "sparse-secagg"
+    proposal_arrays = 2  # the (empty) proposal and the unsigned public key
 
     def __init__(self, *, gamma: float = 0.05, scale: str = "sum/N", **kwargs: Any) -> None:
         fixed = sorted({"conspar", "buffer_size", "masked", "aggregator", "oracle"} & set(kwargs))
@@ -490,19 +600,35 @@ class SparseSecAgg(FedREP):
             raise ValueError(f"gamma must lie in (0, 1], got {gamma!r}")
         if scale not in ("sum/N", "sum/(N*Gamma)"):
             raise ValueError(f"scale must be 'sum/N' or 'sum/(N*Gamma)', got {scale!r}")
-        super().__init__(conspar=None, buffer_size=2, masked=True, aggregator=Mean(), **kwargs)
+        super().__init__(conspar=None, buffer_size=2, masked=False, aggregator=Mean(), **kwargs)
         self.gamma, self.scale = float(gamma), scale
+
+    def propose_config(self, server_round: int) -> dict[str, Scalar]:
+        """FedREP's phase-1 settings, and: draw this round's (unsigned) SparseSecAgg key pair."""
+        return {**super().propose_config(server_round), "sparse-secagg-key": True}
+
+    def accept_key(self, server_round: int, node_id: int, content: RecordDict, arrays: list[NDArray[Any]]) -> bytes:
+        """The client's public key for this round's pairwise masks (a PEM SECP384R1 key, checked before relaying)."""
+        pk = arrays[1]
+        if pk.dtype != np.uint8 or pk.ndim != 1 or not 0 < pk.size <= MAX_KEY_BYTES:
+            raise MalformedPayload("public key must be a 1-D uint8 array of at most 512 bytes")
+        secagg.check_public_key(pk.tobytes())
+        return pk.tobytes()
 
     def make_buffers(self, present: list[int], server_round: int) -> tuple[list[list[int]], list[int]]:
         """One group: every client that answered phase 1."""
         return [present], []
 
     def client_payload(self, server_round: int, client: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
+        """The group's other members and their keys, the run's mask session and the location probability p."""
         from fedapp.sparse_secagg import location_probability
 
-        arrays, config = super().client_payload(server_round, client)
-        config["p"] = location_probability(self.gamma, len(self.rs["buffers"][0]))
-        return arrays, config
+        (group,) = self.rs["buffers"]
+        peers = [p for p in group if p != client]
+        config: dict[str, Any] = {"upload": self.upload, "masked": False, "client-id": client, "mask-session": self.seed,
+                                  "peer-ids": peers, "peer-keys": [self.rs["keys"][p] for p in peers],
+                                  "p": location_probability(self.gamma, len(group))}
+        return [self.rs["I_wire"]], config
 
     def decode_update(self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
         if len(arrays) != 2:
@@ -537,6 +663,6 @@ class SparseSecAgg(FedREP):
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
-        for key in ("conspar", "buffer_size", "aggregator"):
+        for key in ("conspar", "buffer_size", "aggregator", "masked"):
             out.pop(key, None)
         return {**out, "gamma": self.gamma, "scale": self.scale}

@@ -30,7 +30,6 @@ the way out):
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping
@@ -47,8 +46,23 @@ from numpy.typing import NDArray
 from fedapp.compression.codec import MalformedPayload
 from fedapp.compression.codecs import Codec, codec_from_spec
 from fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
+from fedapp.secagg import (  # the protocol's names, importable from here as before
+    S_BUFFER,
+    S_CLIP,
+    S_DROPPED,
+    S_INFO,
+    S_LEVELS,
+    S_MEMBERS,
+    S_PHASE,
+    S_RECORD,
+    S_ROUND,
+    S_RUN,
+    S_SURVIVORS,
+    S_THRESHOLD,
+)
 from fedapp.wire import recorddict_nbytes
 from strategies.base import arrays_of, client_error_text
+from strategies.secure import BufferSecAgg, SignedKey, Upload
 
 __all__ = ["Compressed", "Robust", "SecureBuffers", "StrategyWrapper", "vector_crc"]
 
@@ -393,16 +407,11 @@ class Compressed(StrategyWrapper):
 
 
 # ------------------------------------------------------------------------------------------------ SecureBuffers
-#: the protocol's config keys (clients/mods.py reads the same); every message of the protocol is a TRAIN message, so
-#: a user's ClientApp needs no extra action registered: its secure_buffers_mod answers the key and unmask phases
-S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS, S_DROPPED = (
-    "secure.phase", "secure.run", "secure.round", "secure.buffer", "secure.members", "secure.threshold",
-    "secure.clip", "secure.levels", "secure.survivors", "secure.dropped",
-)
-#: the names of the protocol's ArrayRecord and (in key replies) ConfigRecord
-S_RECORD, S_INFO = "secure", "secure-info"
-
-
+# The protocol's config keys and record names are fedapp.secagg's (clients/secure.py reads the same). Every message
+# of the protocol is a TRAIN message, so a user's ClientApp needs no extra action registered: its secure_buffers_mod
+# answers the key and unmask phases.
+SECURE_PROTOCOL_NAMES = (S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_SURVIVORS,
+                         S_DROPPED, S_RECORD, S_INFO)
 class SecureBuffers(StrategyWrapper):
     """Secure aggregation for any strategy: the server learns only the mean update of each buffer of clients.
 
@@ -420,7 +429,8 @@ class SecureBuffers(StrategyWrapper):
 
     Client side: :func:`clients.mods.secure_buffers_mod` in the user's ClientApp (the user's train function is
     unchanged; the mod answers the key and unmask phases itself, and in secure mode never sends an update in the
-    clear, whatever a message says).
+    clear, whatever a message says). The protocol's server steps are :class:`strategies.secure.BufferSecAgg`'s, the
+    same FedREP's buffers use.
 
     Parameters
     ----------
@@ -463,10 +473,19 @@ class SecureBuffers(StrategyWrapper):
         import secrets
 
         self._buffer_rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
-        self.run_label = secrets.token_hex(16)
-        self.keys: dict[int, tuple[int, int, bytes, bytes]] = {}  # node -> (client id, round, public key, signature)
+        self.secure = BufferSecAgg(threshold=t, clip=clip, levels=levels)
         self._grid: Grid | None = None
         self._round: dict[str, Any] = {}
+
+    @property
+    def run_label(self) -> str:
+        """This run's label (signed into every key, mixed into every mask)."""
+        return self.secure.run_label
+
+    @property
+    def keys(self) -> dict[int, SignedKey]:
+        """node id -> its latest signed key (client id, round, public key, signature)."""
+        return self.secure.keys
 
     def summary(self) -> None:
         log(INFO, "SecureBuffers: s=%d t=%d clip=%g levels=%d", self.buffer_size, self.threshold, self.clip,
@@ -491,27 +510,15 @@ class SecureBuffers(StrategyWrapper):
 
     def _keys_of(self, server_round: int, replies: Mapping[int, Message]) -> None:
         """Keep each node's signed key for ``server_round`` (a malformed one is dropped with a warning)."""
-        from fedapp import secagg
-
         for node, reply in replies.items():
             if reply.has_error():
                 log(WARNING, "round %d: node %s gave no secure key: %s", server_round, node,
                     client_error_text(str(reply.error.reason)))
                 continue
             try:
-                rec = reply.content.array_records[S_RECORD]
-                pk, sig = rec["pk"].numpy(), rec["sig"].numpy()
-                cid = reply.content.config_records[S_INFO]["client-id"]
-                key_round = reply.content.config_records[S_INFO]["round"]
-                if pk.dtype != np.uint8 or sig.dtype != np.uint8 or sig.shape != (64,) or not 0 < pk.size <= 512:
-                    raise ValueError("a key is uint8 bytes and its signature 64 bytes")
-                secagg.check_public_key(pk.tobytes())
-                if not isinstance(cid, int) or isinstance(cid, bool) or key_round != server_round:
-                    raise ValueError(f"the key must be for round {server_round} from an integer client id")
+                self.secure.accept_key(server_round, node, reply.content)
             except (KeyError, ValueError, TypeError) as err:
                 log(WARNING, "round %d: node %s sent a malformed secure key: %s", server_round, node, err)
-                continue
-            self.keys[node] = (int(cid), server_round, pk.tobytes(), sig.tobytes())
 
     def _buffers(self, nodes: list[int]) -> list[list[int]]:
         """floor(n / s) buffers of s or s + 1 nodes, from a fresh random permutation."""
@@ -529,11 +536,11 @@ class SecureBuffers(StrategyWrapper):
         key, record = next(iter(first.content.array_records.items()))
         self._round.update({"key": key, "sent": self.layout.flatten(arrays_of(record)), "carried": {  # type: ignore[union-attr]
             e.name: arrays_of(record)[e.name] for e in self.layout.entries if not e.in_vector}})  # type: ignore[union-attr]
-        stale = [n for n in messages if self.keys.get(n, (0, -1))[1] != server_round]
+        stale = [n for n in messages if not self.secure.has_key(n, server_round)]
         if stale:
             ask = RecordDict({"config": ConfigRecord({S_PHASE: "keys", S_RUN: self.run_label, S_ROUND: server_round})})
             self._keys_of(server_round, self._exchange(server_round, dict.fromkeys(stale, ask)))
-        ready = sorted(n for n in messages if self.keys.get(n, (0, -1))[1] == server_round)
+        ready = sorted(n for n in messages if self.secure.has_key(n, server_round))
         buffers = self._buffers(ready)
         if len(ready) < self.buffer_size:
             log(WARNING, "round %d: %d node(s) with a key, fewer than one buffer of %d: nothing to aggregate",
@@ -541,23 +548,16 @@ class SecureBuffers(StrategyWrapper):
         self._round["buffers"] = buffers
         out = []
         for b, members in enumerate(buffers):
-            cids = [self.keys[n][0] for n in members]
-            if len(set(cids)) != len(cids):
-                log(WARNING, "round %d: two nodes of buffer %d claim one client id; the buffer is skipped", server_round, b)
+            try:
+                extra, peers = self.secure.mask_config(server_round, b, members)
+            except ValueError as err:
+                log(WARNING, "round %d: buffer %d is skipped: %s", server_round, b, err)
                 continue
-            peers: dict[str, NDArray[Any]] = {}
-            for n in members:
-                cid, _, pk, sig = self.keys[n]
-                peers[f"pk.{cid}"] = np.frombuffer(pk, dtype=np.uint8).copy()
-                peers[f"sig.{cid}"] = np.frombuffer(sig, dtype=np.uint8).copy()
-            extra: dict[str, Any] = {S_PHASE: "mask", S_RUN: self.run_label, S_ROUND: server_round, S_BUFFER: b,
-                     S_MEMBERS: json.dumps(cids), S_THRESHOLD: self.threshold, S_CLIP: self.clip,
-                     S_LEVELS: self.levels}
             for n in members:
                 msg = messages[n]
                 cfg = dict(msg.content.config_records.get("config", ConfigRecord()))
                 content = RecordDict({**dict(msg.content.items()), "config": ConfigRecord({**cfg, **extra}),
-                                      S_RECORD: _record(peers)})
+                                      S_RECORD: peers})
                 self._round_stats["secure.down_bytes"] = (self._round_stats.get("secure.down_bytes", 0.0)
                                                           + recorddict_nbytes(content))
                 out.append(Message(content, dst_node_id=n, message_type=msg.metadata.message_type,
@@ -565,38 +565,15 @@ class SecureBuffers(StrategyWrapper):
         return out
 
     # ------------------------------------------------------------------ masked uploads -> buffer means
-    def _upload(self, reply: Message, members: list[int]) -> tuple[NDArray[np.uint32], dict[int, bytes], bytes]:
-        """The masked vector, the encrypted shares (by holder id) and the self-mask commitment of one reply."""
-        assert self.layout is not None
-        rec = reply.content.array_records[S_RECORD]
-        masked = rec["masked"].numpy()
-        if masked.dtype != np.uint32 or masked.shape != (self.layout.dim,):
-            raise MalformedPayload(f"a masked upload is uint32 of shape ({self.layout.dim},), got {masked.dtype} "
-                                   f"{masked.shape}")
-        me = self.keys[reply.metadata.src_node_id][0]
-        shares = {}
-        for cid in members:
-            if cid != me:
-                blob = rec[f"share.{cid}"].numpy()
-                if blob.dtype != np.uint8 or not 28 < blob.size <= 128:
-                    raise MalformedPayload("an encrypted share is 29..128 uint8 bytes")
-                shares[cid] = blob.tobytes()
-        commit = rec["commit"].numpy()
-        if commit.dtype != np.uint8 or commit.shape != (32,):
-            raise MalformedPayload("the self-mask commitment is 32 uint8 bytes")
-        return masked, shares, commit.tobytes()
-
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         from fedapp import secagg
 
         by_node = {r.metadata.src_node_id: r for r in replies}
-        decoded: list[Message] = []
-        stats = {"secure.buffers": 0.0, "secure.buffers_discarded": 0.0, "secure.dropped": 0.0}
-        unmask_out: dict[int, RecordDict] = {}
-        plans = []
+        assert self.layout is not None
+        uploads: dict[int, Upload] = {}
+        buffers: dict[int, list[int]] = {}
         for b, members in enumerate(self._round.get("buffers", [])):
-            cids = {n: self.keys[n][0] for n in members}
-            uploads: dict[int, tuple[NDArray[np.uint32], dict[int, bytes], bytes]] = {}
+            buffers[b] = members
             for n in members:
                 reply = by_node.get(n)
                 if reply is None or reply.has_error():
@@ -604,84 +581,34 @@ class SecureBuffers(StrategyWrapper):
                 self._round_stats["secure.up_bytes"] = (self._round_stats.get("secure.up_bytes", 0.0)
                                                         + recorddict_nbytes(reply.content))
                 try:
-                    uploads[n] = self._upload(reply, list(cids.values()))
+                    uploads[n] = self.secure.parse_upload(reply.content, n, members, self.layout.dim)
                 except (MalformedPayload, KeyError, ValueError, TypeError) as err:
                     log(WARNING, "round %d: buffer %d: node %s sent a malformed upload: %s", server_round, b, n, err)
-            survivors = sorted(uploads)
-            stats["secure.dropped"] += len(members) - len(survivors)
-            if len(survivors) < self.threshold:
-                stats["secure.buffers_discarded"] += 1
-                log(WARNING, "round %d: buffer %d has %d survivor(s) of %d, below the threshold %d: discarded",
-                    server_round, b, len(survivors), len(members), self.threshold)
-                continue
-            surv_ids = [cids[n] for n in survivors]
-            dropped_ids = [cids[n] for n in members if n not in uploads]
-            for n in survivors:
-                me = cids[n]
-                shares = {f"share.{cids[m]}": np.frombuffer(uploads[m][1][me], dtype=np.uint8).copy()
-                          for m in survivors if m != n}
-                unmask_out[n] = RecordDict({
-                    "config": ConfigRecord({S_PHASE: "unmask", S_RUN: self.run_label, S_ROUND: server_round, S_BUFFER: b,
-                                            S_SURVIVORS: json.dumps(surv_ids), S_DROPPED: json.dumps(dropped_ids)}),
-                    S_RECORD: _record(shares) if shares else ArrayRecord()})
-            plans.append((b, members, cids, survivors, surv_ids, dropped_ids, uploads))
-        answers = self._exchange(server_round, unmask_out) if unmask_out else {}
+        plan = self.secure.plan_unmask(server_round, buffers, uploads)
+        for b, why in plan.discarded.items():
+            log(WARNING, "round %d: buffer %d has %s: discarded", server_round, b, why)
+        answers = self._exchange(server_round, plan.messages) if plan.messages else {}
         self._keys_of(server_round + 1, {n: r for n, r in answers.items()
                                          if not r.has_error() and "pk" in r.content.array_records.get(S_RECORD, {})})
-        for b, _members, cids, survivors, surv_ids, dropped_ids, uploads in plans:
-            try:
-                total = self._unmask(b, survivors, cids, surv_ids, dropped_ids, uploads, answers,
-                                     secagg.round_label(self.run_label, server_round, b))
-            except (MalformedPayload, KeyError, ValueError, TypeError) as err:
-                stats["secure.buffers_discarded"] += 1
-                log(WARNING, "round %d: buffer %d could not be unmasked and is discarded: %s", server_round, b, err)
+        sums, failed = self.secure.unmask(plan, {n: client_error_text(str(r.error.reason)) if r.has_error()
+                                                 else r.content for n, r in answers.items()})
+        for b, why in failed.items():
+            log(WARNING, "round %d: buffer %d could not be unmasked and is discarded: %s", server_round, b, why)
+        decoded: list[Message] = []
+        for buffer in plan.buffers:
+            if buffer.buffer_id not in sums:
                 continue
-            mean = secagg.dequantize(total, len(survivors), self.clip, self.levels)
-            assert self.layout is not None
+            total, count = sums[buffer.buffer_id]
+            mean = secagg.dequantize(total, count, self.clip, self.levels)
             model = self.layout.unflatten(self._round["sent"] + mean, self._round["carried"])
-            reply = by_node[survivors[0]]
+            reply = by_node[buffer.survivors[0]]
             reply.content = RecordDict({self._round["key"]: _record(model),
-                                        "metrics": MetricRecord({self.weight_key: len(survivors)})})
+                                        "metrics": MetricRecord({self.weight_key: count})})
             decoded.append(reply)
-            stats["secure.buffers"] += 1
-        self._round_stats.update(stats)
+        self._round_stats.update({"secure.buffers": float(len(decoded)),
+                                  "secure.buffers_discarded": float(len(plan.discarded) + len(failed)),
+                                  "secure.dropped": float(plan.dropped)})
         return super().aggregate_train(server_round, decoded)
-
-    def _unmask(self, b: int, survivors: list[int], cids: dict[int, int], surv_ids: list[int], dropped_ids: list[int],
-                uploads: Mapping[int, Any], answers: Mapping[int, Message], label: bytes) -> NDArray[np.uint32]:
-        """The survivors' quantized sum from the unmask answers (self-mask seeds rebuilt and checked against the
-        commitments, pairwise seeds of the dropped removed)."""
-        import hashlib
-
-        from fedapp import secagg
-
-        shares: dict[int, list[bytes]] = {cid: [] for cid in surv_ids}
-        pairs: dict[tuple[int, int], bytes] = {}
-        for n in survivors:
-            reply = answers.get(n)
-            if reply is None or reply.has_error():
-                why = "no answer" if reply is None else client_error_text(str(reply.error.reason))
-                raise ValueError(f"survivor {cids[n]} did not reveal its part ({why})")
-            rec = reply.content.array_records[S_RECORD]
-            for cid in surv_ids:
-                share = rec[f"bshare.{cid}"].numpy()
-                if share.dtype != np.uint8 or share.shape != (33,):
-                    raise MalformedPayload("a self-mask share is 33 uint8 bytes")
-                shares[cid].append(share.tobytes())
-            for j in dropped_ids:
-                pseed = rec[f"pseed.{j}"].numpy()
-                if pseed.dtype != np.uint8 or pseed.shape != (32,):
-                    raise MalformedPayload("a pairwise seed is 32 uint8 bytes")
-                pairs[(cids[n], j)] = pseed.tobytes()
-        seeds: dict[int, bytes] = {}
-        for n in survivors:
-            cid = cids[n]
-            seed = secagg.combine_secret(shares[cid])
-            if hashlib.sha256(seed).digest() != uploads[n][2]:
-                raise ValueError(f"the self-mask seed rebuilt for client {cid} does not match its commitment")
-            seeds[cid] = seed
-        by_cid = {cids[n]: uploads[n][0] for n in survivors}
-        return secagg.unmask_sum(by_cid, seeds, pairs, label)
 
 
 # ------------------------------------------------------------------------------------------------------ Robust

@@ -43,7 +43,8 @@ Reply = tuple[int, RecordDict | str]
 
 
 class Recorder:
-    """Drives rounds like simulations.inprocess.run_rounds and keeps every message the server receives."""
+    """Drives rounds like simulations.inprocess.run_rounds and keeps every message the server receives (the
+    proposals, the uploads and, with masked buffers, the unmask answers)."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -52,6 +53,7 @@ class Recorder:
         self.strategy.attach({pid: pid for pid in self.contexts})
         self.proposals: list[dict[int, RecordDict | str]] = []
         self.uploads: list[dict[int, RecordDict | str]] = []
+        self.unmasks: list[dict[int, RecordDict | str]] = []
 
     def answer(self, mtype: str, node: int, content: RecordDict) -> Reply:
         try:
@@ -70,6 +72,10 @@ class Recorder:
         ups = [self.answer("train", node, content) for node, content in s.train_contents(rnd)]
         self.uploads.append(dict(ups))
         s.consume_replies(rnd, ups)
+        answers = [self.answer(mtype, node, content) for node, mtype, content in s.post_train_contents(rnd)]
+        self.unmasks.append(dict(answers))
+        if answers:
+            s.consume_post_train(rnd, answers)
         return dict(s._acc["diag"])
 
 
@@ -206,59 +212,76 @@ def test_a_desynchronised_client_is_left_out_then_resynchronised_with_the_dense_
 
 
 # ------------------------------------------------------------------ secure aggregation in the protocol
+def secure_record(content: RecordDict | str) -> dict[str, np.ndarray[Any, Any]]:
+    assert not isinstance(content, str), content
+    return {k: v.numpy() for k, v in content.array_records["secure"].items()}
+
+
 def test_server_never_sees_an_individual_update_in_the_clear() -> None:
-    """Every message the server receives in masked mode: proposals (k indices + a public key) and uint32 uploads
-    that individually look uniform and carry nothing of x_k; yet the buffer means are the plain ones."""
+    """Every message the server receives in masked mode -- proposals (k indices + a signed key), masked uploads,
+    unmask answers -- and the strongest use of them: the server rebuilds each survivor's self-mask seed (it is meant
+    to) and removes it; what is left still carries the pairwise mask, and misses the update. Yet the buffer means
+    are the plain ones (same seed: identical training and proposals in both modes, so the plain uploads are the
+    honest vectors)."""
+    from fedapp import secagg
+
     plain, masked = Recorder(cfg_of(secagg_mode="plain")), Recorder(cfg_of())
     plain.round(1)
     masked.round(1)
-    k = masked.strategy.k
+    k, step = masked.strategy.k, 2 * 8.0 / (2**22 - 1)
     for content in masked.proposals[0].values():
-        idx, pk = arrays_of(content)
-        assert idx.shape == (k,) and pk.dtype == np.uint8 and b"PUBLIC KEY" in pk.tobytes()
-    # same seed => identical training and proposals in both modes: the plain uploads are the honest x_k
+        (idx,) = arrays_of(content)
+        key = secure_record(content)
+        assert idx.shape == (k,) and b"PUBLIC KEY" in key["pk"].tobytes() and key["sig"].shape == (64,)
+        assert set(content.metric_records["metrics"]) == {"num-examples"}  # the train loss stays on the device
     np.testing.assert_array_equal(plain.strategy.rs["I"], masked.strategy.rs["I"])
-    step = 2 * 8.0 / (2**22 - 1)
-    for pid, content in masked.uploads[0].items():
-        up = arrays_of(content)[0]
-        x = arrays_of(plain.uploads[0][pid])[0].astype(np.float64)
-        assert up.dtype == np.uint32
-        as_if_plain = up.astype(np.float64) * step - 8.0  # what a curious server would decode from one upload
-        assert np.median(np.abs(as_if_plain - x)) > 1.0  # |x| < 0.02 (median ~2e-4): nothing of x survives
-        assert abs(np.corrcoef(as_if_plain, x)[0, 1]) < 5 / np.sqrt(len(x))
-        assert 0.45 < np.mean(up >> 31) < 0.55  # top bit of a one-time pad
-    # decoded buffer means equal the plain buffer means within the quantization step
-    for members in masked.strategy.rs["buffers"]:
+    run = masked.strategy.secure.run_label  # type: ignore[union-attr]
+    for b, members in enumerate(masked.strategy.rs["buffers"]):
+        label = secagg.round_label(run, 1, b)
+        for pid in members:
+            up = secure_record(masked.uploads[0][pid])["masked"]
+            x = arrays_of(plain.uploads[0][pid])[0].astype(np.float64)
+            assert up.dtype == np.uint32
+            as_if_plain = secagg.dequantize(up)  # what a curious server would decode from one upload
+            assert np.median(np.abs(as_if_plain - x)) > 1.0  # |x| < 0.02 (median ~2e-4): nothing of x survives
+            assert abs(np.corrcoef(as_if_plain, x)[0, 1]) < 5 / np.sqrt(len(x))
+            assert 0.45 < np.mean(up >> 31) < 0.55  # top bit of a one-time pad
+            shares = [secure_record(masked.unmasks[0][p])[f"bshare.{pid}"].tobytes() for p in members]
+            left = up - secagg.self_mask(secagg.combine_secret(shares), label, len(x))
+            assert np.median(np.abs(secagg.dequantize(left) - x)) > 1.0  # the mate's pairwise mask still hides it
         mean_plain = np.mean([arrays_of(plain.uploads[0][p])[0] for p in members], axis=0)
-        from fedapp import secagg
-
-        mean_masked = secagg.decode_buffer_mean([arrays_of(masked.uploads[0][p])[0] for p in members])
-        np.testing.assert_allclose(mean_masked, mean_plain, rtol=0, atol=step)
+        total = sum((secure_record(masked.uploads[0][p])["masked"] for p in members), np.zeros(len(x), np.uint32))
+        seeds = [secagg.combine_secret([secure_record(masked.unmasks[0][q])[f"bshare.{p}"].tobytes() for q in members])
+                 for p in members]
+        for seed in seeds:  # the buffer sum is what the server is meant to learn: within one step of the plain mean
+            total -= secagg.self_mask(seed, label, len(x))
+        np.testing.assert_allclose(secagg.dequantize(total, len(members)), mean_plain, rtol=0, atol=step)
     np.testing.assert_allclose(masked.strategy.w, plain.strategy.w, rtol=0, atol=1e-5)
 
 
 def test_a_client_dropping_after_masking_discards_its_buffer_only() -> None:
-    rec = Recorder(cfg_of(num_clients=6, clients_per_round=6, buffer_size=2, aggregator="mean"))
+    """s = 2, so t = 2: the victim's dropout leaves its partner alone, never unmasked; the other buffers give the
+    plain run's means (the same dropout in plain mode) up to the fixed-point step."""
     victim = 1
 
     def drop(r: Recorder) -> None:  # the victim loses its pending update: its phase-2 reply is an error
         del r.contexts[victim].state.array_records["g"]
 
-    w0 = rec.strategy.w.copy()
-    diag = rec.round(1, before_submit=drop)
-    assert isinstance(rec.uploads[0][victim], str)
-    assert diag["discarded_buffers"] == 1 and diag["buffers"] == 2
-    partner = next(p for b in rec.strategy.rs["buffers"] if victim in b for p in b if p != victim)
-    # the survivor's masked upload arrived but is never decoded alone: the update is the mean of the other two
-    assert not isinstance(rec.uploads[0][partner], str)
-    from fedapp import secagg
-
-    others = [b for b in rec.strategy.rs["buffers"] if victim not in b]
-    means = [secagg.decode_buffer_mean([arrays_of(rec.uploads[0][p])[0] for p in b]) for b in others]
-    idx = rec.strategy.rs["I"]
-    expected = w0.copy()
-    expected[idx] = (w0[idx].astype(np.float64) - np.mean(means, axis=0).astype(np.float32)).astype(np.float32)
-    np.testing.assert_array_equal(rec.strategy.w, expected)
+    runs = {}
+    for mode in ("masked", "plain"):
+        rec = Recorder(cfg_of(num_clients=6, clients_per_round=6, buffer_size=2, aggregator="mean", secagg_mode=mode))
+        diag = rec.round(1, before_submit=drop)
+        assert isinstance(rec.uploads[0][victim], str)
+        assert diag["discarded_buffers"] == 1 and diag["buffers"] == 2
+        runs[mode] = rec
+    masked = runs["masked"]
+    partner = next(p for b in masked.strategy.rs["buffers"] if victim in b for p in b if p != victim)
+    assert not isinstance(masked.uploads[0][partner], str)  # it uploaded, masked ...
+    assert partner not in masked.unmasks[0] and len(masked.unmasks[0]) == 4  # ... and was never asked to unmask
+    assert masked.strategy._acc["diag"]["dropped"] == 1
+    step = 2 * 8.0 / (2**22 - 1)
+    np.testing.assert_allclose(masked.strategy.w, runs["plain"].strategy.w, rtol=0, atol=2 * step)
+    assert not np.array_equal(masked.strategy.w, build_strategy(masked.cfg, evaluate=False).w)  # the others moved it
 
 
 def test_malformed_proposals_and_uploads_are_rejected_not_fatal() -> None:
@@ -334,14 +357,14 @@ def test_bytes_per_client_per_round_against_the_paper_bound() -> None:
 # ------------------------------------------------------------------ SparseSecAgg baseline
 def test_sparse_secagg_reveals_exactly_the_per_coordinate_sums_of_the_senders() -> None:
     from fedapp import secagg
-    from fedapp.sparse_secagg import decode_sparse_sum, location_probability, sparse_masked_upload
+    from fedapp.sparse_secagg import decode_sparse_sum, location_probability, mask_label, sparse_masked_upload
 
     n, d = 5, 4000
     rng = np.random.default_rng(3)
     xs = rng.normal(0, 0.1, size=(n, d))
     keys = [secagg.new_keypair() for _ in range(n)]
     p = location_probability(0.1, n)
-    label = secagg.mask_label(0, 1, 0)
+    label = mask_label(0, 1)
     ups = {i: sparse_masked_upload(xs[i], i, keys[i][0], {j: keys[j][1] for j in range(n) if j != i}, label, p,
                                    np.random.default_rng(i)) for i in range(n)}
     sums, counts = decode_sparse_sum(ups, d)

@@ -21,15 +21,20 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from clients.fedrep import FedREPClient, MomentumSGDClient
+from clients.secure import SecureDevice
 from fedapp.attacks import ClientAttack, OmniscientOracle
 from fedapp.compression import ConSpar
 from fedapp.robust import CenteredClipping, GeometricMedian, Mean, TrimmedMean
+from fedapp.secagg import NodeIdentity, TrustStore
 from simulations.inprocess import run_clients
 from strategies.base import RoundFailed, arrays_of
 from strategies.fedrep import SHARE, DenseFedAvg, FedREP, SparseSecAgg
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
+#: the devices' long-term identities and the trust store every device holds (a masked run puts them in secure mode)
+IDENTITIES = [NodeIdentity.generate() for _ in range(8)]
+TRUST = TrustStore({i: ident.public_bytes() for i, ident in enumerate(IDENTITIES)})
 
 
 # ----------------------------------------------------------------------------- a user's model and data
@@ -89,15 +94,19 @@ def eq180_by_hand(net: nn.Module, data: TensorDataset, *, lr: float, beta: float
 
 def run(strategy: Any, rounds: int, *, nodes: int = 4, samples: int = 60, batch: int | None = None,
         client: type[FedREPClient] = FedREPClient, **client_kw: Any) -> tuple[Any, TinyCNN, dict[int, Context]]:
+    """``rounds`` rounds of the user's app; with a masked strategy every device is in secure mode (buffers of 2
+    accepted, the paper's s = 2)."""
     torch.manual_seed(0)
     net = TinyCNN()
     test = images(300, 99)
+    secure = bool(getattr(strategy, "masked", False))
 
     def client_fn(context: Context) -> FedREPClient:
         pid = int(context.node_config["partition-id"])
         torch.manual_seed(100 + pid)  # each device builds its own, differently initialised, model
+        policy = {"secure": SecureDevice(IDENTITIES[pid], TRUST, min_buffer=2)} if secure else {}
         return client(TinyCNN(), DataLoader(images(samples, pid), batch_size=batch or samples),
-                      loss_fn=nn.CrossEntropyLoss(), seed=pid, **client_kw)
+                      loss_fn=nn.CrossEntropyLoss(), seed=pid, **policy, **client_kw)
 
     def central(rnd: int, arrays: ArrayRecord) -> MetricRecord:
         net.load_state_dict(arrays.to_torch_state_dict())
@@ -135,11 +144,14 @@ def test_share_with_the_mean_is_the_mean_of_eq180_on_a_users_batchnorm_cnn() -> 
 
 
 def test_masked_buffers_give_the_plain_buffer_means_within_one_quantization_step() -> None:
+    """Masked FedREP (secure devices, three exchanges) equals plain FedREP (two) up to the fixed-point step."""
     plain, _, _ = run(FedREP(min_available_nodes=4, masked=False, aggregator=Mean(), conspar=ConSpar(0.2), seed=1), 2)
     masked, _, _ = run(FedREP(min_available_nodes=4, masked=True, aggregator=Mean(), conspar=ConSpar(0.2), seed=1), 2)
     step = 2 * 8.0 / (2**22 - 1)
     np.testing.assert_allclose(masked.global_model(), plain.global_model(), rtol=0, atol=2 * step)
+    assert not np.array_equal(masked.global_model(), plain.global_model())  # the masked run really went through q
     assert [r.extra["consensus_size"] for r in masked.history] == [r.extra["consensus_size"] for r in plain.history]
+    assert all(r.extra["buffers"] == 2 and r.extra["discarded_buffers"] == 0 for r in masked.history)
 
 
 def test_fedrep_trains_a_users_cnn_with_conspar_masks_and_a_robust_aggregator() -> None:

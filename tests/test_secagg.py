@@ -1,4 +1,5 @@
-"""Tests of the buffered secure aggregation (fedapp/secagg.py; FedREP spec 3.1, 4.3, 11.6, 11.19, 12 items 9-10).
+"""Tests of the threshold secure aggregation's math (fedapp/secagg.py; FedREP spec 3.1, 4.3, 11.6, 11.19, 12 items
+9-10; issue 18): the one protocol SecureBuffers and FedREP share.
 
 Each test checks against an independent truth: plain integer sums of the unmasked quantized vectors, plain float
 means, Flower's own primitives, or a statistical property with a stated false-alarm probability. Statistical tests
@@ -22,16 +23,22 @@ from fedapp.secagg import (
     DEFAULT_LEVELS,
     MODULUS,
     buffer_partition,
+    check_buffer,
     check_public_key,
-    decode_buffer_mean,
-    decode_buffers,
+    check_threshold,
     dequantize,
     expand_mask,
-    mask_label,
-    masked_upload,
+    mask_input,
     new_keypair,
     pairwise_key,
     quantize,
+    rebuild_sum,
+    reveal,
+    round_label,
+    self_mask,
+    split_secret,
+    threshold_masked_upload,
+    unmask_sum,
 )
 
 C = DEFAULT_CLIP
@@ -48,21 +55,50 @@ def _keypair(secret: int) -> tuple[bytes, bytes]:
     )
 
 
+def _seed(me: int) -> bytes:
+    """A fixed self-mask seed per member (the protocol draws it from the OS; fixed here for repeatable tests)."""
+    return bytes([me % 256]) * 32
+
+
 def _uploads(
     xs: Mapping[int, NDArray[np.float64]],
     buffers: Sequence[Sequence[int]],
     keys: Mapping[int, tuple[bytes, bytes]],
-    run_seed: int = 0,
+    run: str = "run",
     server_round: int = 1,
 ) -> dict[int, NDArray[np.uint32]]:
-    """Every buffer member's masked upload, as the clients would compute it after the phase-2 instruction."""
+    """Every buffer member's masked upload with a fixed self-mask seed (:func:`_seed`), rounding from 1000 + id."""
     out: dict[int, NDArray[np.uint32]] = {}
     for buffer_id, members in enumerate(buffers):
-        label = mask_label(run_seed, server_round, buffer_id)
+        label = round_label(run, server_round, buffer_id)
         for me in members:
             peers = {j: keys[j][1] for j in members if j != me}
-            out[me] = masked_upload(xs[me], me, keys[me][0], peers, label, np.random.default_rng(1000 + me))
+            out[me] = threshold_masked_upload(xs[me], me, keys[me][0], peers, label, _seed(me),
+                                              np.random.default_rng(1000 + me))
     return out
+
+
+def _protocol(
+    xs: Mapping[int, NDArray[np.float64]], members: Sequence[int], keys: Mapping[int, tuple[bytes, bytes]],
+    threshold: int, dropped: Sequence[int] = (), label: bytes = b"label",
+) -> NDArray[np.uint32]:
+    """One buffer through the whole protocol: every member masks (mask_input), the dropped never upload, each
+    survivor reveals (reveal) what the server's unmask request asks for, the server rebuilds the sum."""
+    sealed = {me: mask_input(xs[me], me, keys[me][0], {j: keys[j][1] for j in members if j != me}, threshold, label,
+                             np.random.default_rng(1000 + me)) for me in members}
+    survivors = [c for c in members if c not in dropped]
+    shares: dict[int, list[bytes]] = {c: [] for c in survivors}
+    pairs: dict[tuple[int, int], bytes] = {}
+    for me in survivors:
+        got, seeds = reveal(me, keys[me][0], {j: keys[j][1] for j in members if j != me}, sealed[me].own_share,
+                            threshold, survivors, list(dropped),
+                            {j: sealed[j].shares[me] for j in survivors if j != me}, label)
+        assert set(got) == set(survivors) and set(seeds) == set(dropped)  # per peer a share OR a seed, never both
+        for owner, share in got.items():
+            shares[owner].append(share)
+        pairs.update({(me, j): seed for j, seed in seeds.items()})
+    return rebuild_sum({c: sealed[c].masked for c in survivors}, {c: sealed[c].commit for c in survivors}, shares,
+                       pairs, label)
 
 
 # --- key agreement -----------------------------------------------------------------------------------------------
@@ -124,9 +160,9 @@ def test_cryptography_fallback_matches_flower() -> None:
 # --- masks -------------------------------------------------------------------------------------------------------
 
 
-def test_mask_label_names_run_round_buffer() -> None:
-    assert mask_label(7, 3, 2) == b"fedrep-mask|run=7|round=3|buffer=2"
-    labels = {mask_label(r, t, b) for r in range(3) for t in range(3) for b in range(3)}
+def test_round_label_names_run_round_buffer() -> None:
+    assert round_label("7", 3, 2) == b"fedapp-secagg|run=7|round=3|buffer=2"
+    labels = {round_label(str(r), t, b) for r in range(3) for t in range(3) for b in range(3)}
     assert len(labels) == 27
 
 
@@ -149,7 +185,7 @@ def test_mask_depends_on_every_key_bit() -> None:
     """
     rng = np.random.default_rng(1)
     key = rng.bytes(32)
-    label = mask_label(0, 1, 0)
+    label = round_label("0", 1, 0)
     base = expand_mask(key, label, 64)
     fractions = []
     for bit in range(256):
@@ -184,7 +220,7 @@ def test_flower_pseudo_rand_gen_folds_keys_but_ours_does_not() -> None:
 
 def test_masks_differ_across_runs_rounds_and_buffers() -> None:
     key = bytes(range(32))
-    labels = [mask_label(0, 1, 0), mask_label(0, 2, 0), mask_label(0, 1, 1), mask_label(1, 1, 0)]
+    labels = [round_label("0", 1, 0), round_label("0", 2, 0), round_label("0", 1, 1), round_label("1", 1, 0)]
     masks = [expand_mask(key, label, 128) for label in labels]
     for i in range(len(masks)):
         for j in range(i + 1, len(masks)):
@@ -192,7 +228,8 @@ def test_masks_differ_across_runs_rounds_and_buffers() -> None:
     # The same client vector and rounding draws give different uploads in different rounds and buffers.
     (sk_a, _), (_, pk_b) = _keypair(11), _keypair(12)
     x = np.linspace(-1, 1, 128)
-    uploads = [masked_upload(x, 0, sk_a, {1: pk_b}, label, np.random.default_rng(0)) for label in labels]
+    uploads = [threshold_masked_upload(x, 0, sk_a, {1: pk_b}, label, _seed(0), np.random.default_rng(0))
+               for label in labels]
     for i in range(len(uploads)):
         for j in range(i + 1, len(uploads)):
             assert np.count_nonzero(uploads[i] != uploads[j]) > 120
@@ -237,54 +274,52 @@ def test_dequantize_inverts_quantize_within_one_step() -> None:
 
 @pytest.mark.parametrize("s", [2, 3, 4])
 def test_pairwise_masks_cancel_exactly(s: int) -> None:
-    """Sum of masked uploads == sum of unmasked quantized vectors mod 2^32, in exact integer arithmetic."""
+    """Sum of masked uploads minus the self-masks == sum of unmasked quantized vectors mod 2^32, in exact integer
+    arithmetic: the pairwise masks cancel."""
     ids = [42, 3, 17, 5][:s]  # arbitrary, unsorted partition ids: signs follow id order, not list order
     keys = {i: _keypair(100 + i) for i in ids}
     rng = np.random.default_rng(s)
     xs = {i: rng.uniform(-C, C, 2000) for i in ids}
     uploads = _uploads(xs, [ids], keys)
-    # The same rounding draws without masks (masked_upload consumes its rng exactly like quantize).
+    label = round_label("run", 1, 0)
+    # The same rounding draws without masks (the upload consumes its rng exactly like quantize).
     plain = {i: quantize(xs[i], np.random.default_rng(1000 + i)) for i in ids}
     # dtype=object sums Python ints: no overflow or wraparound anywhere but the explicit % 2^32.
-    masked_sum = np.stack([uploads[i] for i in ids]).astype(object).sum(axis=0) % MODULUS
+    masked_sum = np.stack([uploads[i] for i in ids]).astype(object).sum(axis=0)
+    self_masks = np.stack([self_mask(_seed(i), label, 2000) for i in ids]).astype(object).sum(axis=0)
     plain_sum = np.stack([plain[i] for i in ids]).astype(object).sum(axis=0) % MODULUS
-    assert np.array_equal(masked_sum, plain_sum)
+    assert np.array_equal((masked_sum - self_masks) % MODULUS, plain_sum)
     for i in ids:
         assert np.count_nonzero(uploads[i] != plain[i]) > 1990  # every member's upload is actually masked
 
 
-@pytest.mark.parametrize("s", [2, 3, 4])
-def test_decoded_buffer_mean_matches_plain_mean(s: int) -> None:
-    """Spec 12.10: decoded sum within s * 2c/(Q - 1) of the plain sum per coordinate, i.e. the mean within one step."""
+@pytest.mark.parametrize(("s", "t"), [(2, 2), (3, 2), (4, 3), (5, 3)])
+def test_the_protocol_gives_the_exact_sum_and_the_plain_mean(s: int, t: int) -> None:
+    """Spec 12.10 through the whole protocol (mask, reveal, rebuild): the rebuilt sum equals the plain integer sum
+    of the quantized vectors exactly, so the decoded mean is within one step of the plain float mean."""
     ids = list(range(s))
     keys = {i: _keypair(200 + i) for i in ids}
     rng = np.random.default_rng(10 + s)
     xs = {i: rng.uniform(-C, C, 5000) for i in ids}
-    uploads = _uploads(xs, [ids], keys)
-    mean = decode_buffer_mean([uploads[i] for i in ids])
-    plain_mean = np.mean([xs[i] for i in ids], axis=0)
+    total = _protocol(xs, ids, keys, t)
+    plain = np.stack([quantize(xs[i], np.random.default_rng(1000 + i)) for i in ids]).astype(object).sum(axis=0)
+    assert np.array_equal(total.astype(object), plain % MODULUS)
+    mean = dequantize(total, s)
     assert mean.dtype == np.float64
-    assert np.abs(mean * s - plain_mean * s).max() <= s * STEP
-    assert np.abs(mean - plain_mean).max() <= STEP
+    assert np.abs(mean - np.mean([xs[i] for i in ids], axis=0)).max() <= STEP
 
 
 def test_decoded_mean_is_the_mean_of_clipped_values() -> None:
     keys = {0: _keypair(300), 1: _keypair(301)}
     xs = {0: np.array([100.0, -100.0, 1.0]), 1: np.array([0.0, 0.0, 1.0])}
-    uploads = _uploads(xs, [[0, 1]], keys)
-    np.testing.assert_allclose(decode_buffer_mean([uploads[0], uploads[1]]), [C / 2, -C / 2, 1.0], atol=STEP)
+    np.testing.assert_allclose(dequantize(_protocol(xs, [0, 1], keys, 2), 2), [C / 2, -C / 2, 1.0], atol=STEP)
 
 
 def test_capacity_s_times_levels_below_modulus() -> None:
     (sk, _), (_, pk) = _keypair(1), _keypair(2)
-    with pytest.raises(ValueError):
-        masked_upload(np.zeros(3), 0, sk, {1: pk}, b"l", np.random.default_rng(0), levels=2**31)  # 2 * 2^31 = M
-    masked_upload(np.zeros(3), 0, sk, {1: pk}, b"l", np.random.default_rng(0), levels=2**31 - 1)
-    up = np.zeros(3, dtype=np.uint32)
-    with pytest.raises(ValueError):
-        decode_buffer_mean([up, up], levels=2**31)
-    with pytest.raises(ValueError):
-        decode_buffers({0: up, 1: up}, [[0, 1]], length=3, levels=2**31)
+    with pytest.raises(ValueError):  # 2 * 2^31 = M: a sum of two could wrap
+        threshold_masked_upload(np.zeros(3), 0, sk, {1: pk}, b"l", _seed(0), np.random.default_rng(0), levels=2**31)
+    threshold_masked_upload(np.zeros(3), 0, sk, {1: pk}, b"l", _seed(0), np.random.default_rng(0), levels=2**31 - 1)
 
 
 # --- what a single upload reveals --------------------------------------------------------------------------------
@@ -303,7 +338,8 @@ def test_single_upload_looks_uniform_and_reveals_nothing() -> None:
     keys = {0: _keypair(400), 1: _keypair(401), 2: _keypair(402)}
     rng = np.random.default_rng(5)
     xs = {i: rng.uniform(-C, C, n) for i in keys}
-    upload = _uploads(xs, [[0, 1, 2]], keys)[1]
+    upload = mask_input(xs[1], 1, keys[1][0], {0: keys[0][1], 2: keys[2][1]}, 2, b"label",
+                        np.random.default_rng(6)).masked
     counts = np.bincount(upload >> 24, minlength=256)
     chi2 = float(((counts - n / 256) ** 2 / (n / 256)).sum())
     assert 161.7 < chi2 < 377.1
@@ -315,67 +351,87 @@ def test_single_upload_looks_uniform_and_reveals_nothing() -> None:
     assert np.median(np.abs(guess - xs[1])) > 2.0  # uniform guess vs uniform x on [-8, 8]: median |diff| ~ 4.7
 
 
-# --- dropouts and malformed uploads ------------------------------------------------------------------------------
+# --- dropouts, thresholds, what a member refuses to reveal -------------------------------------------------------
 
 
-def test_dropout_discards_only_that_buffer() -> None:
-    m, s, n = 8, 2, 300
-    buffers = buffer_partition(m, s, np.random.default_rng(6))
-    keys = {i: _keypair(500 + i) for i in range(m)}
+def test_a_buffer_of_5_with_t_3_and_two_dropouts_gives_the_survivors_exact_sum() -> None:
+    """Issue 18's case in the math: members 0..4, t = 3, members 1 and 3 never upload. The survivors reveal their
+    pairwise seeds with 1 and 3 and each other's self-mask shares; the rebuilt sum is exactly the plain integer sum
+    of the three survivors' quantized vectors."""
+    ids = [0, 1, 2, 3, 4]
+    keys = {i: _keypair(500 + i) for i in ids}
     rng = np.random.default_rng(7)
-    xs = {i: rng.uniform(-C, C, n) for i in range(m)}
-    uploads = _uploads(xs, buffers, keys)
-    dropped = buffers[2][1]
-    del uploads[dropped]
-    means, discarded = decode_buffers(uploads, buffers, length=n)
-    assert discarded == [2]
-    assert sorted(means) == [0, 1, 3]
-    for b, mean in means.items():
-        np.testing.assert_allclose(mean, np.mean([xs[i] for i in buffers[b]], axis=0), rtol=0, atol=STEP)
+    xs = {i: rng.uniform(-C, C, 300) for i in ids}
+    total = _protocol(xs, ids, keys, 3, dropped=[1, 3])
+    plain = np.stack([quantize(xs[i], np.random.default_rng(1000 + i)) for i in (0, 2, 4)]).astype(object).sum(axis=0)
+    assert np.array_equal(total.astype(object), plain % MODULUS)
+    np.testing.assert_allclose(dequantize(total, 3), np.mean([xs[i] for i in (0, 2, 4)], axis=0), rtol=0, atol=STEP)
 
 
-def test_malformed_uploads_discard_their_buffer_without_crashing() -> None:
-    m, s, n = 14, 2, 50
-    buffers = [[2 * b, 2 * b + 1] for b in range(m // s)]
-    keys = {i: _keypair(600 + i) for i in range(m)}
-    rng = np.random.default_rng(8)
-    xs = {i: rng.uniform(-C, C, n) for i in range(m)}
-    uploads: dict[int, object] = dict(_uploads(xs, buffers, keys))
-    good = uploads[1]
-    assert isinstance(good, np.ndarray)
-    uploads[1] = good[:-1]  # wrong length
-    uploads[3] = good.astype(np.int64)  # wrong dtype
-    uploads[5] = good.astype(np.float32)
-    uploads[7] = good.reshape(5, 10)  # wrong shape
-    uploads[9] = good.tolist()  # not an array
-    uploads[11] = None
-    uploads[99] = good  # a client in no buffer (e.g. a leftover that uploaded anyway): ignored
-    for length in (n, None):  # without `length`, buffer-mates must agree on it
-        means, discarded = decode_buffers(uploads, buffers, length=length)
-        assert discarded == [0, 1, 2, 3, 4, 5]
-        assert list(means) == [6]
-        np.testing.assert_allclose(means[6], (xs[12] + xs[13]) / 2, rtol=0, atol=STEP)
-    # Both members agreeing on a length other than the expected one: discarded only when `length` is given.
-    short = {12: np.zeros(n - 1, dtype=np.uint32), 13: np.zeros(n - 1, dtype=np.uint32)}
-    assert decode_buffers(short, [[12, 13]], length=n) == ({}, [0])
-    assert list(decode_buffers(short, [[12, 13]])[0]) == [0]
+def test_below_the_threshold_nothing_is_revealed() -> None:
+    """Two survivors of 5 with t = 3: each survivor refuses, so no self-mask can be rebuilt (the buffer is lost,
+    and no single upload is ever unmasked)."""
+    ids = [0, 1, 2, 3, 4]
+    keys = {i: _keypair(550 + i) for i in ids}
+    with pytest.raises(ValueError, match="below the threshold 3"):
+        _protocol({i: np.zeros(8) for i in ids}, ids, keys, 3, dropped=[1, 2, 3])
 
 
-def test_buffer_of_one_is_never_masked_or_decoded() -> None:
+def test_a_member_reveals_a_share_or_a_seed_per_peer_never_both() -> None:
+    ids = [0, 1, 2]
+    keys = {i: _keypair(600 + i) for i in ids}
+    peers = {j: keys[j][1] for j in (1, 2)}
+    sealed = {i: mask_input(np.zeros(4), i, keys[i][0], {j: keys[j][1] for j in ids if j != i}, 2, b"l",
+                            np.random.default_rng(i)) for i in ids}
+    mine = {j: sealed[j].shares[0] for j in (1, 2)}
+    for survivors, dropped, why in [([0, 1, 2], [1], "must split"), ([0, 1], [1, 2], "must split"),
+                                    ([1, 2], [0], "told it dropped"), ([0, 1], [], "must split")]:
+        with pytest.raises(ValueError, match=why):
+            reveal(0, keys[0][0], peers, sealed[0].own_share, 2, survivors, dropped, mine, b"l")
+    got, seeds = reveal(0, keys[0][0], peers, sealed[0].own_share, 2, [0, 1], [2], mine, b"l")
+    assert sorted(got) == [0, 1] and sorted(seeds) == [2]  # 2 dropped: its seed with 0, not its share
+    with pytest.raises(ValueError, match="failed authentication"):  # a share sealed for another pair or label
+        reveal(0, keys[0][0], peers, sealed[0].own_share, 2, [0, 1, 2], [], {1: sealed[1].shares[2], 2: mine[2]},
+               b"l")
+
+
+def test_a_forged_share_is_caught_by_the_commitment() -> None:
+    """A wrong self-mask share makes Lagrange interpolation give a wrong seed: the commitment catches it instead of
+    returning a wrong sum."""
+    ids = [0, 1, 2]
+    keys = {i: _keypair(650 + i) for i in ids}
+    sealed = {i: mask_input(np.ones(4), i, keys[i][0], {j: keys[j][1] for j in ids if j != i}, 2, b"l",
+                            np.random.default_rng(i)) for i in ids}
+    fake = split_secret(bytes(32), 2, 3)
+    shares = {0: [sealed[0].own_share, fake[1]], 1: [sealed[1].own_share, fake[0]], 2: [sealed[2].own_share, fake[0]]}
+    with pytest.raises(ValueError, match="does not match its commitment"):
+        rebuild_sum({i: sealed[i].masked for i in ids}, {i: sealed[i].commit for i in ids}, shares, {}, b"l")
+
+
+def test_thresholds_and_buffers_a_device_refuses() -> None:
+    for size, t in [(2, 1), (3, 1), (4, 2), (5, 2), (3, 4)]:
+        with pytest.raises(ValueError, match="2t > s"):
+            check_threshold(size, t)
+    check_threshold(2, 2)
+    check_threshold(5, 3)
+    with pytest.raises(ValueError, match="below this device's minimum of 3"):
+        check_buffer(0, [0, 1], 2, min_buffer=3)
+    with pytest.raises(ValueError, match="not among the buffer's members"):
+        check_buffer(0, [1, 2, 3], 2, min_buffer=3)
+    with pytest.raises(ValueError, match="repeat a client id"):
+        check_buffer(0, [0, 1, 1], 2, min_buffer=2)
+    check_buffer(0, [0, 1], 2, min_buffer=2)
+
+
+def test_buffer_of_one_is_never_masked_or_unmasked() -> None:
     sk, _ = _keypair(700)
-    with pytest.raises(ValueError, match="plain"):
-        masked_upload(np.zeros(4), 0, sk, {}, b"l", np.random.default_rng(0))
-    with pytest.raises(ValueError):
-        masked_upload(np.zeros(4), 0, sk, {0: _keypair(701)[1]}, b"l", np.random.default_rng(0))  # self as peer
+    with pytest.raises(ValueError, match="at least one buffer-mate"):
+        threshold_masked_upload(np.zeros(4), 0, sk, {}, b"l", _seed(0), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="among its own buffer-mates"):
+        mask_input(np.zeros(4), 0, sk, {0: _keypair(701)[1]}, 2, b"l", np.random.default_rng(0))
     up = np.zeros(4, dtype=np.uint32)
-    with pytest.raises(ValueError):
-        decode_buffer_mean([up])
-    with pytest.raises(ValueError):
-        decode_buffers({0: up, 1: up}, [[0], [1]], length=4)
-    with pytest.raises(ValueError):
-        decode_buffers({}, [[0], [1]], length=4)  # a configuration error, whatever arrived
-    with pytest.raises(ValueError):
-        decode_buffers({0: up, 1: up, 2: up}, [[0, 1], [1, 2]], length=4)  # a client in two buffers
+    with pytest.raises(ValueError, match="fewer than 2 survivors"):
+        unmask_sum({0: up}, {0: _seed(0)}, {}, b"l")
 
 
 # --- buffers -----------------------------------------------------------------------------------------------------
@@ -429,16 +485,17 @@ def test_buffer_partition_of_present_clients_reports_leftover() -> None:
 
 
 def test_round_with_missing_and_dropped_clients() -> None:
-    """A whole round: 2 clients miss phase 1, 2 present clients are left over, one buffer member drops."""
+    """A whole round: 2 clients miss phase 1, 2 present clients are left over, one buffer member drops after
+    masking; its buffer (s = 3, t = 2) still gives the exact sum of its two survivors, the others of all three."""
     present = [c for c in range(13) if c not in (3, 8)]
     keys = {c: new_keypair() for c in present}  # phase 1: fresh keys from the real API
     buffers, leftover = buffer_partition(present, 3, np.random.default_rng(11))
     rng = np.random.default_rng(12)
     xs = {c: rng.uniform(-2, 2, 40) for c in present}
-    uploads = _uploads(xs, buffers, keys, run_seed=5, server_round=9)
-    assert not set(uploads) & set(leftover)
-    del uploads[buffers[0][2]]
-    means, discarded = decode_buffers(uploads, buffers, length=40)
-    assert discarded == [0]
-    for b in (1, 2):
-        np.testing.assert_allclose(means[b], np.mean([xs[c] for c in buffers[b]], axis=0), rtol=0, atol=STEP)
+    for b, members in enumerate(buffers):
+        dropped = [members[2]] if b == 0 else []
+        survivors = [c for c in members if c not in dropped]
+        total = _protocol(xs, members, keys, 2, dropped=dropped, label=round_label("r", 9, b))
+        np.testing.assert_allclose(dequantize(total, len(survivors)), np.mean([xs[c] for c in survivors], axis=0),
+                                   rtol=0, atol=STEP)
+    assert not set(leftover) & {c for b in buffers for c in b}

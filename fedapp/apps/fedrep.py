@@ -5,12 +5,25 @@ the same clients -- run-config keys -> the public constructors (:mod:`strategies
 What only the reproduction knows lives here: the zoo network and the node's partition, the run's w^0 (torch's
 default initialisation seeded with the run seed, built identically on the server and on every client, hence
 ``clients_hold_initial=True``), the Byzantine clients of a simulation (:func:`fedapp.attacks.byzantine_ids` of the
-run seed, built with an explicit simulation-only attack) and the run-config rules checked before any round.
+run seed, built with an explicit simulation-only attack), the devices' secure mode for masked buffers, and the
+run-config rules checked before any round.
+
+**Secure mode and its trust assumption.** With ``secagg-mode=masked`` (fedrep, share) every device is in secure mode
+(:class:`clients.secure.SecureDevice`): it signs its per-round keys with a long-term Ed25519 identity and accepts only
+buffer-mates whose keys verify against its trust store. Whoever writes the trust store decides who the peers are.
+A node whose node config names ``secure-identity`` (its private key, PEM) and ``secure-trust-store`` (JSON: client id
+-> public key) uses those files -- a deployment, provisioned by its operator. Otherwise (a simulation) the identities
+are generated per node from the run seed (:func:`simulation_identity`) and every node gets the same trust store of
+all m identities: this exercises the protocol and every device check, but whoever knows the run config (the server
+included) could derive the identities, so it is no protection against the server -- a simulation's stand-in. The
+devices accept buffers of 2 (``min_buffer = 2``), the paper's setting s = 2, which is weaker than the library's
+default of 3: in a buffer of 2, one colluding buffer-mate learns the other's update from the buffer sum.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from logging import WARNING
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +39,11 @@ from fedapp.task import build_net, client_dataset
 
 if TYPE_CHECKING:
     from clients.fedrep import FedREPClient, MomentumSGDClient
+    from clients.secure import SecureDevice
     from fedapp.attacks import ClientAttack, OmniscientOracle
     from fedapp.models.torch_net import TorchNet
     from fedapp.robust import Aggregator
+    from fedapp.secagg import NodeIdentity, TrustStore
     from strategies.fedrep import FedREP
     from strategies.flower_robust import FedREPLocalMixin
 
@@ -39,6 +54,8 @@ __all__ = [
     "flower_robust_client",
     "flower_robust_strategy",
     "initial_weights",
+    "secure_device",
+    "simulation_identity",
     "validate_config",
     "validate_flower_robust",
 ]
@@ -142,12 +159,55 @@ def fedrep_strategy(cfg: RunConfig) -> FedREP:
 
 
 def fedrep_client(cfg: RunConfig, context: Context) -> FedREPClient:
-    """The node's FedREP client: the zoo network at w^0, the node's partition, the run seed, its attack if any."""
+    """The node's FedREP client: the zoo network at w^0, the node's partition, the run seed, its attack if any, and
+    secure mode for masked buffers (:func:`secure_device`)."""
     from clients.fedrep import FedREPClient
 
     pid, parts = node_of(context)
     return FedREPClient(_net_at_w0(cfg), client_dataset(cfg, pid, parts), context=context, seed=cfg.seed,
-                        attack=client_attack(cfg, pid))
+                        attack=client_attack(cfg, pid), secure=secure_device(cfg, context))
+
+
+# ---------------------------------------------------------------------------------------------- secure mode
+def simulation_identity(seed: int, client: int) -> NodeIdentity:
+    """SIMULATION STAND-IN: client ``client``'s Ed25519 identity, derived from the run seed (HKDF-SHA256), so that
+    every simulated node -- in whichever process Flower runs it -- has its own identity and all share one trust
+    store. Anyone who knows the run seed can derive it: never use it where the server must not sign for a device."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from fedapp.secagg import NodeIdentity
+
+    raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"fedapp-simulation-identity",
+               info=f"client={int(client)}".encode()).derive(int(seed).to_bytes(16, "big", signed=True))
+    return NodeIdentity(Ed25519PrivateKey.from_private_bytes(raw))
+
+
+@lru_cache(maxsize=4)
+def _simulation_trust(seed: int, clients: int) -> TrustStore:
+    from fedapp.secagg import TrustStore
+
+    return TrustStore({c: simulation_identity(seed, c).public_bytes() for c in range(clients)})
+
+
+def secure_device(cfg: RunConfig, context: Context) -> SecureDevice | None:
+    """The node's secure mode for masked fedrep / share (None otherwise): its identity and trust store from the
+    files its node config names (``secure-identity``, ``secure-trust-store``), else the simulation stand-in
+    (:func:`simulation_identity` for every client id 0..m-1); buffers of 2 accepted (the paper's s = 2)."""
+    if cfg.algorithm not in ("fedrep", "share") or cfg.secagg_mode != "masked":
+        return None
+    from clients.secure import SecureDevice
+
+    named = [k for k in ("secure-identity", "secure-trust-store") if context.node_config.get(k)]
+    if len(named) == 2:
+        return SecureDevice(min_buffer=2)  # reads both files from the node config
+    if named:
+        raise ValueError(f"node config names {named[0]!r} but not the other of 'secure-identity' / "
+                         "'secure-trust-store': a provisioned device needs both")
+    pid, _ = node_of(context)
+    return SecureDevice(identity=simulation_identity(cfg.seed, pid), trust_store=_simulation_trust(cfg.seed,
+                        cfg.num_clients), min_buffer=2)
 
 
 def flower_robust_strategy(cfg: RunConfig) -> FedREPLocalMixin:

@@ -27,9 +27,10 @@ def main(grid: Grid, context: Context) -> None:
         loss, acc = evaluate(net, test)
         return MetricRecord({"loss": loss, "accuracy": acc})
 
-    # FedREP: each client proposes its top k = K/m coordinates (ConSpar), uploads its update on their union masked
-    # inside a buffer of `buffer-size` clients (the server learns only buffer means), and the server aggregates
-    # the buffer means with the geometric median. batch_size=None: each client's DataLoader batch size.
+    # FedREP: each client proposes its top k = K/m coordinates (ConSpar) with this round's signed key, uploads its
+    # update on their union masked inside a buffer of `buffer-size` clients, and reveals what unmasks the buffer's
+    # sum (the server learns only buffer means); the server aggregates the buffer means with the geometric median.
+    # batch_size=None: each client's DataLoader batch size.
     strategy = FedREP(
         min_available_nodes=int(rc["min-nodes"]),
         conspar=ConSpar(fraction=float(rc["conspar-fraction"])), buffer_size=int(rc["buffer-size"]), masked=True,
