@@ -15,7 +15,7 @@ import pytest
 from flwr.app import Message
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import FedAvg
-from userapp import D, initial, node_data, user_app
+from userapp import D, initial, reference_update, user_app
 
 from fedapp.privacy.pld import poisson_epsilon, poisson_noise_multiplier_for
 from simulations.inprocess import LocalGrid
@@ -45,15 +45,6 @@ class Recorder(LocalGrid):
         return got
 
 
-def update_of(pid: int, w: np.ndarray, b: float) -> np.ndarray:
-    """The user's train function (tests/userapp.py) recomputed: 5 gradient steps, float32 on the wire."""
-    x, y = node_data(pid)
-    w0, b0 = w.copy(), b
-    for _ in range(5):
-        r = x @ w + b - y
-        w, b = w - 0.1 * x.T @ r / len(y), b - 0.1 * r.mean()
-    return np.concatenate([w.astype(np.float32) - w0.astype(np.float32), [np.float32(b) - np.float32(b0)]])
-
 
 @pytest.mark.parametrize(("epsilon", "q", "rounds"), [(1.0, 0.1, 10), (8.0, 0.05, 100)])
 def test_the_calibration_spends_the_target_and_opacus_rdp_bounds_it(epsilon: float, q: float, rounds: int) -> None:
@@ -80,7 +71,7 @@ def test_one_round_is_the_formula_on_the_clients_own_updates() -> None:
     res = s.start(grid=grid, initial_arrays=initial(), num_rounds=1)
     sampled = sorted(next(nodes for nodes in grid.sent if nodes))
     assert 0 < len(sampled) < N
-    total = sum(update_of(node - 1, np.zeros(D), 0.0) for node in sampled)  # node i has partition i - 1
+    total = sum(reference_update(node - 1, np.zeros(D), 0.0) for node in sampled)  # node i has partition i - 1
     want = total / (0.5 * N)
     got = np.concatenate([res.arrays["w"].numpy(), res.arrays["b"].numpy()])
     np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-6)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
-from userapp import D, initial, loss, node_data, user_app
+from userapp import D, initial, loss, reference_update, user_app
 
 from clients.mods import secure_buffers_mod
 from fedapp import secagg
@@ -50,15 +50,6 @@ class Recorder(LocalGrid):
         return got
 
 
-def true_update(pid: int, w: np.ndarray, b: float) -> np.ndarray:
-    """The user's train function (5 gradient steps) recomputed in the clear: the update w_k - w."""
-    x, y = node_data(pid)
-    w0, b0 = w.copy(), b
-    for _ in range(5):
-        r = x @ w + b - y
-        w, b = w - 0.1 * x.T @ r / len(y), b - 0.1 * r.mean()
-    return np.concatenate([w.astype(np.float32) - w0.astype(np.float32), [np.float32(b) - np.float32(b0)]])
-
 
 def test_secure_buffers_equal_plain_fedavg_up_to_the_fixed_point_step() -> None:
     plain = fedavg().start(grid=LocalGrid(user_app(), N), initial_arrays=initial(), num_rounds=3)
@@ -82,7 +73,7 @@ def test_the_servers_transcript_holds_no_individual_update() -> None:
     w0 = np.zeros(D)
     for reply in uploads:
         pid = strategy.keys[reply.metadata.src_node_id][0]
-        truth = true_update(pid, w0, 0.0)
+        truth = reference_update(pid, w0, 0.0)
         masked = reply.content.array_records["secure"]["masked"].numpy()
         seen = secagg.dequantize(masked, 1, strategy.clip, strategy.levels)
         # the upload alone decodes to noise uniform on [-clip, clip]: nothing like the update (|u| < 1)
@@ -100,7 +91,7 @@ def test_the_servers_transcript_holds_no_individual_update() -> None:
     upload = next(r for r in uploads if r.metadata.src_node_id == node).content.array_records["secure"]["masked"].numpy()
     left = upload - secagg.self_mask(seed, label, D + 1)
     seen = secagg.dequantize(left, 1, strategy.clip, strategy.levels)
-    assert np.median(np.abs(seen - true_update(cid, w0, 0.0))) > 1.0  # the pairwise masks of the mates still hide it
+    assert np.median(np.abs(seen - reference_update(cid, w0, 0.0))) > 1.0  # the pairwise masks of the mates still hide it
 
 
 @pytest.mark.parametrize(("n", "size", "threshold", "offline"), [(8, 4, 3, {0}), (5, 5, 3, {0, 1})])
@@ -117,7 +108,7 @@ def test_a_buffer_survives_dropouts_down_to_its_threshold_with_the_survivors_exa
     survivors = [strategy.keys[x][0] for buffer in strategy._round["buffers"] for x in buffer
                  if strategy.keys[x][0] not in offline]
     # FedAvg weighs the buffers by their survivor counts: the global update is the mean over all survivors
-    want = np.mean([true_update(p, np.zeros(D), 0.0) for p in survivors], axis=0)
+    want = np.mean([reference_update(p, np.zeros(D), 0.0) for p in survivors], axis=0)
     np.testing.assert_allclose(result.arrays["w"].numpy(), want[:D], atol=2e-5)
     np.testing.assert_allclose(result.arrays["b"].numpy(), want[D:], atol=2e-5)
 

@@ -58,6 +58,17 @@ def user_app(*, mods: list[Any] | None = None, poison: dict[int, str] | None = N
     return app
 
 
+def reference_update(pid: int, w: np.ndarray, b: float) -> np.ndarray:
+    """The user's train function recomputed in the clear: 5 gradient steps, the update w_k - w in float32 (as on
+    the wire)."""
+    x, y = node_data(pid)
+    w0, b0 = w.copy(), b
+    for _ in range(5):
+        r = x @ w + b - y
+        w, b = w - 0.1 * x.T @ r / len(y), b - 0.1 * r.mean()
+    return np.concatenate([w.astype(np.float32) - w0.astype(np.float32), [np.float32(b) - np.float32(b0)]])
+
+
 def initial() -> ArrayRecord:
     return ArrayRecord({"w": Array(np.zeros(D, np.float32)), "b": Array(np.zeros(1, np.float32)),
                         "steps": Array(np.array(0, np.int64))})

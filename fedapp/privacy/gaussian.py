@@ -44,6 +44,14 @@ def _require_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
+def _require_positive_numbers(obj: Any, *names: str) -> None:
+    """A dataclass's fields ``names``: each a finite number > 0, never a bool (``True`` as an epsilon is a bug)."""
+    for name in names:
+        v = getattr(obj, name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+
+
 def _require_non_negative(name: str, value: float) -> None:
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -332,10 +340,7 @@ class Eq36Calibration:
     horizon: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("epsilon", "clip_norm", "c0", "q_power"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+        _require_positive_numbers(self, "epsilon", "clip_norm", "c0", "q_power")
         _require_open_unit("delta", self.delta)
         if self.horizon is not None:
             _require_positive_int("horizon", self.horizon)
@@ -384,10 +389,7 @@ class GaussianTarget:
     kind = "gdp"
 
     def __post_init__(self) -> None:
-        for name in ("epsilon", "clip_norm"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+        _require_positive_numbers(self, "epsilon", "clip_norm")
         _require_open_unit("delta", self.delta)
         if self.horizon is not None:
             _require_positive_int("horizon", self.horizon)
