@@ -20,7 +20,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from numpy.typing import NDArray
 from torch import nn
-from torch.utils.data import TensorDataset
+from usertorch import TinyCNN, images
 
 from clients.dpq import STATE, DPQClient
 from fedapp import topology
@@ -37,32 +37,6 @@ N = 4
 
 
 # ----------------------------------------------------------------------------- a user's models and data
-class TinyCNN(nn.Module):
-    def __init__(self, norm: bool = False) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(1, 4, 3)
-        self.norm: nn.Module = nn.BatchNorm2d(4) if norm else nn.Identity()
-        self.fc = nn.Linear(4 * 6 * 6, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.max_pool2d(torch.relu(self.norm(self.conv(x))), 2).flatten(1))
-
-
-def images(n: int, seed: int) -> TensorDataset:
-    """Three classes of 14x14 images: a bright row band, column band or diagonal, plus noise."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 3, (n,), generator=g)
-    x = 0.3 * torch.randn(n, 1, 14, 14, generator=g)
-    for i in range(n):
-        if y[i] == 0:
-            x[i, 0, 5:9, :] += 1.5
-        elif y[i] == 1:
-            x[i, 0, :, 5:9] += 1.5
-        else:
-            x[i, 0] += 1.5 * torch.eye(14)
-    return TensorDataset(x, y)
-
-
 class LeastSquares:
     """A user's numpy model: f(x) = mean_l 1/2 (a_l'x - t_l)^2, with its mean per-sample gradient."""
 

@@ -19,6 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from usertorch import TinyCNN, accuracy, images
 
 from clients.fedrep import FedREPClient, MomentumSGDClient
 from clients.secure import SecureDevice
@@ -38,38 +39,6 @@ TRUST = TrustStore({i: ident.public_bytes() for i, ident in enumerate(IDENTITIES
 
 
 # ----------------------------------------------------------------------------- a user's model and data
-class TinyCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(1, 4, 3)
-        self.norm = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4 * 6 * 6, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.max_pool2d(torch.relu(self.norm(self.conv(x))), 2).flatten(1))
-
-
-def images(n: int, seed: int) -> TensorDataset:
-    """Three classes of 14x14 images: a bright row band, column band or diagonal, plus noise."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 3, (n,), generator=g)
-    x = 0.3 * torch.randn(n, 1, 14, 14, generator=g)
-    for i in range(n):
-        if y[i] == 0:
-            x[i, 0, 5:9, :] += 1.5
-        elif y[i] == 1:
-            x[i, 0, :, 5:9] += 1.5
-        else:
-            x[i, 0] += 1.5 * torch.eye(14)
-    return TensorDataset(x, y)
-
-
-def accuracy(net: nn.Module, data: TensorDataset) -> float:
-    net.eval()
-    with torch.no_grad():
-        return float((net(data.tensors[0]).argmax(1) == data.tensors[1]).double().mean())
-
-
 def flat(state: dict[str, Any]) -> np.ndarray[Any, Any]:
     """The floating-point entries of a state dict, in its order (what the strategy's x holds)."""
     return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in state.values()
@@ -97,7 +66,7 @@ def run(strategy: Any, rounds: int, *, nodes: int = 4, samples: int = 60, batch:
     """``rounds`` rounds of the user's app; with a masked strategy every device is in secure mode (buffers of 2
     accepted, the paper's s = 2)."""
     torch.manual_seed(0)
-    net = TinyCNN()
+    net = TinyCNN(norm=True)
     test = images(300, 99)
     secure = bool(getattr(strategy, "masked", False))
 
@@ -105,7 +74,7 @@ def run(strategy: Any, rounds: int, *, nodes: int = 4, samples: int = 60, batch:
         pid = int(context.node_config["partition-id"])
         torch.manual_seed(100 + pid)  # each device builds its own, differently initialised, model
         policy = {"secure": SecureDevice(IDENTITIES[pid], TRUST, min_buffer=2)} if secure else {}
-        return client(TinyCNN(), DataLoader(images(samples, pid), batch_size=batch or samples),
+        return client(TinyCNN(norm=True), DataLoader(images(samples, pid), batch_size=batch or samples),
                       loss_fn=nn.CrossEntropyLoss(), seed=pid, **policy, **client_kw)
 
     def central(rnd: int, arrays: ArrayRecord) -> MetricRecord:
@@ -125,11 +94,11 @@ def test_share_with_the_mean_is_the_mean_of_eq180_on_a_users_batchnorm_cnn() -> 
                      batch_size=None, seed=0)
     s, net, contexts = run(strategy, 1)
     torch.manual_seed(0)
-    w0_state = {k: v.numpy().copy() for k, v in TinyCNN().state_dict().items()}
+    w0_state = {k: v.numpy().copy() for k, v in TinyCNN(norm=True).state_dict().items()}
     w0 = flat(w0_state)
     local = []
     for pid in range(4):
-        user = TinyCNN()
+        user = TinyCNN(norm=True)
         user.load_state_dict({k: torch.from_numpy(v) for k, v in w0_state.items()})
         local.append(flat(eq180_by_hand(user, images(60, pid), lr=0.3, beta=0.9, steps=2)))
     expected = w0 - np.mean([w0 - w for w in local], axis=0)
@@ -172,7 +141,7 @@ def test_fedrep_trains_a_users_cnn_with_conspar_masks_and_a_robust_aggregator() 
 def test_every_value_the_clients_need_travels_in_the_messages() -> None:
     s = FedREP(min_available_nodes=2, conspar=ConSpar(0.1, alpha=0.3), lr=0.2, lr_decay_round=3, momentum=0.5,
                local_steps=4, batch_size=8, sparse_downlink=False, seed=5)
-    s.initialize(ArrayRecord(TinyCNN().state_dict()))
+    s.initialize(ArrayRecord(TinyCNN(norm=True).state_dict()))
     s.prepare(5, train_config=ConfigRecord({"user-key": 1}))
     s.attach({0: 10, 1: 11})
     s.begin_round(3)
@@ -213,7 +182,7 @@ def test_constructors_name_the_bad_argument() -> None:
     # the "same" oracle reads only proposals, which are in the clear in both modes
     FedREP(oracle=OmniscientOracle(frozenset({1}), coordinates="same"))
     s = FedREP(min_available_nodes=2, conspar=ConSpar(3.0))
-    s.initialize(ArrayRecord(TinyCNN().state_dict()))
+    s.initialize(ArrayRecord(TinyCNN(norm=True).state_dict()))
     with pytest.raises(ValueError, match="fraction must lie in"):  # K/d > m is refused once m is known
         s.attach({0: 0, 1: 1})
 
@@ -231,7 +200,7 @@ def test_the_client_needs_a_torch_module_and_data() -> None:
     with pytest.raises(TypeError, match=r"trains a torch nn\.Module in place"):
         FedREPClient(NumpyModel(), (np.zeros((2, 3)), np.zeros(2)))
     with pytest.raises(ValueError, match="needs local training data"):
-        FedREPClient(TinyCNN(), None)
+        FedREPClient(TinyCNN(norm=True), None)
 
 
 # ----------------------------------------------------------------------------- the downlink and the devices
@@ -240,7 +209,7 @@ def test_a_device_whose_model_is_not_the_servers_w0_is_sent_the_dense_model() ->
     aggregate. With clients_hold_initial=True the devices' own models (initialised differently here) fail the CRC
     check: no proposal is accepted and the round fails loudly."""
     fresh = FedREP(min_available_nodes=4, conspar=ConSpar(0.2), seed=2)
-    fresh.initialize(ArrayRecord(TinyCNN().state_dict()))
+    fresh.initialize(ArrayRecord(TinyCNN(norm=True).state_dict()))
     fresh.prepare(2)
     fresh.attach({i: i for i in range(4)})
     fresh.begin_round(1)
@@ -272,7 +241,7 @@ def test_a_device_without_seed_reads_each_sample_once_per_pass() -> None:
     continue one permutation (spec 11.13) instead of redrawing it: 3 rounds x 2 steps x B = 5 cover 30 samples
     exactly once, and the next pass is another permutation."""
     data = Recorded(images(30, 4))
-    client = FedREPClient(TinyCNN(), DataLoader(data, batch_size=5),
+    client = FedREPClient(TinyCNN(norm=True), DataLoader(data, batch_size=5),
                           context=Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={}))
     s = DenseFedAvg(min_available_nodes=1, min_train_nodes=1, local_steps=2, batch_size=None, seed=0)
     run_one = _driver(s, client)
@@ -286,7 +255,7 @@ def test_a_device_without_seed_reads_each_sample_once_per_pass() -> None:
 
 
 def _driver(strategy: Any, client: FedREPClient) -> Any:
-    strategy.initialize(ArrayRecord(TinyCNN().state_dict()))
+    strategy.initialize(ArrayRecord(TinyCNN(norm=True).state_dict()))
     strategy.prepare(10)
     strategy.attach({0: 7})
 
@@ -301,13 +270,13 @@ def _driver(strategy: Any, client: FedREPClient) -> Any:
 def test_momentum_sgd_client_answers_a_plain_flower_message_in_the_users_layout() -> None:
     """Flower's own strategies send the state dict: the reply keeps names, shapes, dtypes and the integer entry;
     a simulation's bit-flip client returns w^t + (w^t - w_k)."""
-    net = TinyCNN()
+    net = TinyCNN(norm=True)
     msg = RecordDict({"arrays": ArrayRecord(net.state_dict()),
                       "config": ConfigRecord({"server-round": 1, "lr": 0.1, "momentum": 0.9, "local-steps": 2})})
     replies = {}
     for name, attack in (("honest", None), ("flip", ClientAttack(values="bit-flip"))):
         ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 3}, state=RecordDict(), run_config={})
-        client = MomentumSGDClient(TinyCNN(), DataLoader(images(40, 1), batch_size=8), context=ctx, seed=0,
+        client = MomentumSGDClient(TinyCNN(norm=True), DataLoader(images(40, 1), batch_size=8), context=ctx, seed=0,
                                    attack=attack)
         replies[name] = client.handle("train", msg)
     got = arrays_of(replies["honest"].array_records["arrays"])
