@@ -9,6 +9,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from clients.dpsgd import DeviceDPSGD
 from clients.mods import compress_mod, secure_buffers_mod
 from fedapp.secagg import NodeIdentity, TrustStore
 from wrapped_fedavg.task import Net, load_partition, train
@@ -16,6 +17,20 @@ from wrapped_fedavg.task import Net, load_partition, train
 torch.set_num_threads(1)
 
 _MODS: dict[tuple[str, str], list[Any]] = {}
+_DPSGD: dict[tuple[float, float, int, float], DeviceDPSGD] = {}
+
+
+def _device_dp(context: Context) -> DeviceDPSGD | None:
+    """The device's DP-SGD policy when ``dpsgd-epsilon`` > 0. A real device would read it from its own node config
+    (the server cannot be trusted to set it); here the run config stands in for that."""
+    rc = context.run_config
+    eps = float(rc["dpsgd-epsilon"])
+    if eps <= 0:
+        return None
+    key = (eps, float(rc["dp-delta"]), int(rc["num-server-rounds"]), float(rc["dpsgd-clip"]))
+    if key not in _DPSGD:  # one object per policy: its noise calibration is cached
+        _DPSGD[key] = DeviceDPSGD(epsilon=key[0], delta=key[1], max_rounds=key[2], clip_norm=key[3])
+    return _DPSGD[key]
 
 
 def _mods_for(context: Context) -> list[Any]:
@@ -53,11 +68,18 @@ def train_fn(msg: Message, context: Context) -> Message:
     before = {k: v.clone() for k, v in net.state_dict().items()}
     loader = load_partition(pid, int(context.node_config["num-partitions"]), int(rc["samples-per-node"]),
                             int(rc["batch-size"]))
-    loss = train(net, loader, int(rc["local-epochs"]), float(rc["lr"]))
+    device_dp = _device_dp(context)
+    extra: dict[str, float] = {}
+    if device_dp is not None:  # record-level DP-SGD through Opacus instead of the template's loop
+        extra = device_dp.train(net, loader, lr=float(rc["lr"]), context=context, momentum=0.9)
+        loss = float(extra.pop("train_loss", 0.0))
+    else:
+        loss = train(net, loader, int(rc["local-epochs"]), float(rc["lr"]))
     state = net.state_dict()
     if str(pid) in str(rc["byzantine"]).split(","):  # a compromised node: a well-formed, reversed update
         scale = float(rc["byzantine-scale"])
         state = {k: before[k] - scale * (v - before[k]) for k, v in state.items()}
     return Message(RecordDict({"arrays": ArrayRecord(state),
-                               "metrics": MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset)})}),
+                               "metrics": MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset),
+                                                           **extra})}),
                    reply_to=msg)

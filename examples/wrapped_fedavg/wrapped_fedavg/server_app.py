@@ -13,6 +13,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedapp.compression.codecs import TopK
 from fedapp.robust import GeometricMedian
+from strategies.central_dp import CentralDP
 from strategies.wrappers import Compressed, Robust, SecureBuffers
 from wrapped_fedavg.task import Net, evaluate, load_test
 
@@ -25,9 +26,16 @@ def build(rc: Any) -> Any:
     n = int(rc["min-nodes"])
     strategy: Any = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n)
     wrappers = {w.strip() for w in str(rc["wrappers"]).split(",") if w.strip()}
-    unknown = wrappers - {"robust", "secure", "compressed"}
+    unknown = wrappers - {"robust", "secure", "compressed", "central-dp"}
     if unknown:
-        raise ValueError(f"unknown wrappers {sorted(unknown)}; choose from robust, secure, compressed")
+        raise ValueError(f"unknown wrappers {sorted(unknown)}; choose from robust, secure, compressed, central-dp")
+    if "central-dp" in wrappers:  # client-level DP with secret Poisson sampling: it samples, so FedAvg takes all
+        if len(wrappers) > 1:
+            raise ValueError("wrappers: central-dp goes alone around FedAvg (it clips and noises the plain updates)")
+        return CentralDP(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1),
+                         epsilon=float(rc["dp-epsilon"]), delta=float(rc["dp-delta"]), clip_norm=float(rc["dp-clip"]),
+                         sampling_rate=float(rc["dp-sampling-rate"]), num_rounds=int(rc["num-server-rounds"]),
+                         min_available_nodes=n)
     if "robust" in wrappers:
         strategy = Robust(strategy, GeometricMedian())
     if "compressed" in wrappers:
@@ -59,6 +67,16 @@ def main(grid: Grid, context: Context) -> None:
         for k, v in metrics.items():
             if "." in k and isinstance(v, int | float):
                 totals[k] = totals.get(k, 0.0) + float(v)
-    print(f"final central accuracy {acc:.4f} (loss {loss:.4f}); {totals}")
+    last = result.train_metrics_clientapp[max(result.train_metrics_clientapp)] if result.train_metrics_clientapp else {}
+    privacy: dict[str, Any] = {}
+    if hasattr(strategy, "privacy_spent"):  # central DP: the server's accountant (PLD, one client)
+        spent = strategy.privacy_spent()
+        privacy = {"epsilon": spent.epsilon, "delta": spent.delta, "accountant": spent.accounting_method,
+                   "unit": "client", "releases": float(last.get("central_dp.releases", 0.0))}
+    elif "dp_epsilon" in last:  # DP-SGD on the devices: their own ledgers (the same on every device here)
+        privacy = {"epsilon": float(last["dp_epsilon"]), "delta": float(rc["dp-delta"]), "accountant": "rdp (Opacus)",
+                   "unit": "record"}
+    print(f"final central accuracy {acc:.4f} (loss {loss:.4f}); {totals}; privacy {privacy}")
     if rc["result-path"]:
-        Path(str(rc["result-path"])).write_text(json.dumps({"accuracy": acc, "loss": loss, "totals": totals}))
+        Path(str(rc["result-path"])).write_text(json.dumps({"accuracy": acc, "loss": loss, "totals": totals,
+                                                            "privacy": privacy}))
