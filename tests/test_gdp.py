@@ -50,3 +50,17 @@ def test_the_curve_is_monotone_and_inverts() -> None:
                 lambda: gdp.delta_for(-1.0, 1.0), lambda: gdp.mu_of(float("nan"))):
         with pytest.raises(ValueError):
             bad()
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 8.0, 50.0])
+@pytest.mark.parametrize("delta", [1e-5, 1e-100, 1e-300, 1e-310, 1e-320])
+def test_the_calibration_holds_for_any_delta_a_float_holds(epsilon: float, delta: float) -> None:
+    # the curve evaluated at 60 digits by mpmath (independent of scipy): the calibrated mu spends delta to 1e-6.
+    # Before the curve moved to log space, delta = 1e-320 at epsilon 8 gave a mu whose delta was 3.3e-313
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 60
+    mu = gdp.mu_for(epsilon, delta)
+    e, m = mp.mpf(epsilon), mp.mpf(mu)
+    exact = mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2)
+    assert float(exact / mp.mpf(delta)) == pytest.approx(1.0, abs=1e-6)
+    assert gdp.epsilon_for(delta, mu) == pytest.approx(epsilon, rel=1e-9)
