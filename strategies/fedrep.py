@@ -43,6 +43,7 @@ attack code runs.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Sequence
 from logging import WARNING
 from typing import TYPE_CHECKING, Any
@@ -140,6 +141,10 @@ class FedREP(FederatedStrategy):
         SIMULATION ONLY: :class:`fedapp.attacks.OmniscientOracle` replacing the Byzantine clients' uploads (ALIE,
         FoE; needs ``masked=False``) and proposals ("same": the proposals are in the clear in both modes) from the
         honest ones. Default None.
+    reproducible_buffers
+        False (default): each round's buffer partition comes from the OS CSPRNG, unpredictable to anyone. True: from
+        (seed, round), so a run repeats exactly, and anyone who knows the seed knows who shares a buffer (weaker;
+        logged as such). The reproduction app sets it to compare drivers bit for bit.
     **federation
         :class:`strategies.base.FederatedStrategy`'s arguments (min_available_nodes, seed, require_partition_ids,
         node_wait_s, eval_every, arrayrecord_key, configrecord_key).
@@ -171,6 +176,7 @@ class FedREP(FederatedStrategy):
         sparse_downlink: bool = True,
         clients_hold_initial: bool = False,
         oracle: OmniscientOracle | None = None,
+        reproducible_buffers: bool = False,
         **federation: Any,
     ) -> None:
         if federation.get("fraction_train", 1.0) != 1.0:
@@ -208,6 +214,15 @@ class FedREP(FederatedStrategy):
         elif threshold is not None:
             raise ValueError("threshold applies to masked buffers only (masked=False)")
         self.aggregator = aggregator
+        if not isinstance(reproducible_buffers, bool):
+            raise ValueError(f"reproducible_buffers must be True or False, got {reproducible_buffers!r}")
+        # S2's partition: from the OS CSPRNG by default, so that nobody (a reader of the logs, a client that knows
+        # the seed) can predict who shares a buffer; from the strategy's seed only when asked, for reproduction
+        self.reproducible_buffers = reproducible_buffers
+        self._buffer_rng = None if reproducible_buffers else np.random.default_rng(secrets.randbits(128))
+        if reproducible_buffers and masked:
+            log(WARNING, "FedREP(reproducible_buffers=True): buffers follow the seed (%d) and are predictable from "
+                "it (weaker than the default OS-random buffers); meant for reproducing runs", self.seed)
         self.lr = _positive("lr", lr)
         if lr_decay_round is not None:
             _count("lr_decay_round", lr_decay_round)
@@ -383,10 +398,12 @@ class FedREP(FederatedStrategy):
         }
 
     def make_buffers(self, present: list[int], server_round: int) -> tuple[list[list[int]], list[int]]:
-        """S2: a fresh uniformly random partition of the present clients into buffers of size s (+ the left-out)."""
+        """S2: a fresh uniformly random partition of the present clients into buffers of size s (+ the left-out),
+        from the OS CSPRNG (``reproducible_buffers=False``, default) or from (seed, round)."""
         from fedapp import secagg
 
-        return secagg.buffer_partition(present, self.buffer_size, self.rng(STREAM_BUFFERS, server_round))
+        rng = self.rng(STREAM_BUFFERS, server_round) if self._buffer_rng is None else self._buffer_rng
+        return secagg.buffer_partition(present, self.buffer_size, rng)
 
     # ------------------------------------------------------------------ phase 2: submit
     def participants(self, server_round: int) -> list[int]:

@@ -310,3 +310,14 @@ def test_an_honest_deployment_never_loads_the_attack_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_buffers_come_from_the_os_unless_reproducibility_is_asked_for() -> None:
+    # 16 clients in buffers of 2: 2,027,025 partitions, so two equal draws in 3 rounds have probability ~1e-19
+    def partitions(**kw: Any) -> list[list[list[int]]]:
+        s = FedREP(seed=7, buffer_size=2, **kw)
+        return [s.make_buffers(list(range(16)), r)[0] for r in (1, 2, 3)]
+
+    assert partitions() != partitions()  # the same seed, different buffers: not predictable from the seed
+    assert partitions(reproducible_buffers=True) == partitions(reproducible_buffers=True)
+    assert all(sorted(c for b in p for c in b) == list(range(16)) for p in partitions())  # still a partition

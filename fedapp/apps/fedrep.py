@@ -142,6 +142,8 @@ def fedrep_strategy(cfg: RunConfig) -> FedREP:
         "min_available_nodes": m, "min_train_nodes": m, "seed": cfg.seed, "require_partition_ids": True,
         "node_wait_s": cfg.node_wait_s, "eval_every": cfg.eval_every, "sparse_downlink": cfg.sparse_downlink,
         "clients_hold_initial": True, **local_algorithm(cfg),
+        # the run config's seed repeats the whole run, buffers included (logged as weaker): figures, driver equality
+        "reproducible_buffers": True,
     }
     if cfg.algorithm == "sparse-secagg":
         return SparseSecAgg(gamma=min(cfg.conspar_fraction, 1.0), scale=cfg.sparsesecagg_scale, **common)
