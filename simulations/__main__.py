@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fedpdm: the seed-000 benchmark; iadmm: DP-IADMM rounds/s on MNIST, in-process vs Flower; "
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
                         "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator; "
-                        "dp-anchor: client-level DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP (about 1 h)")
+                        "dp-anchor: DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP vs DeviceDPSGD (about 2 h)")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.add_argument("--methods", default=None,
                    help="--suite dp-anchor: run only these methods (flower,flower-client,ours,dpsgd), adding rows to --out's table")
