@@ -171,6 +171,20 @@ def test_bsdp_fedpdm_trains_a_users_cnn_and_returns_its_state_dict() -> None:
     assert saved >= 4 * 3 * (4 * (d - k) - (d + 7) // 8 - 200), (saved, d, k)
 
 
+def test_api_md_server_snippet_runs_as_written_with_a_rigorous_privacy_target() -> None:
+    # ../shared/API.md's server side, its keyword names and values (10 nodes, 30 % per round, 5 rounds here)
+    from flwr.supercore.privacy_accounting import PrivacySpent
+
+    from fedapp.privacy import PrivacyTarget
+
+    strategy = BSDPFedPDM(fraction_train=0.3, min_available_nodes=10, rho=10.0, gamma=0.005, eta0=0.04,
+                          uplink=TopK(0.1), downlink=TopK(0.75), privacy=PrivacyTarget(epsilon=8.0, delta=1e-5))
+    strategy, _, _ = _fedpdm_run(strategy, rounds=5, nodes=10)
+    spent = strategy.privacy_spent()  # flwr's PrivacySpent, worst client, exact GDP
+    assert isinstance(spent, PrivacySpent) and spent.delta == 1e-5
+    assert 0 < spent.epsilon <= 8.0 + 1e-9  # calibrated for 5 releases; sampled clients spent at most the target
+
+
 def test_the_strategy_is_the_single_source_of_truth_for_hyperparameters() -> None:
     s = DPFedPDM(min_available_nodes=2, rho=3.0, nu=0.5, eta0=0.3, max_local_steps=4, batch_size=8, seed=1,
                  uplink=RandK(0.25), privacy=Eq36Calibration(epsilon=5.0, delta=1e-6, clip_norm=2.0))

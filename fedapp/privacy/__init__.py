@@ -12,6 +12,12 @@ if TYPE_CHECKING:
         Eq36Calibration as Eq36Calibration,
     )
     from fedapp.privacy.gaussian import (
+        GaussianTarget as GaussianTarget,
+    )
+    from fedapp.privacy.gaussian import (
+        PrivacyTarget as PrivacyTarget,
+    )
+    from fedapp.privacy.gaussian import (
         add_gaussian_noise as add_gaussian_noise,
     )
     from fedapp.privacy.gaussian import (
@@ -47,7 +53,7 @@ if TYPE_CHECKING:
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "accountants": ["PrivacyLedger"],
-    "gaussian": ["Eq36Calibration", "add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
+    "gaussian": ["Eq36Calibration", "GaussianTarget", "PrivacyTarget", "add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
                  "local_sgd_sensitivity", "per_round_epsilon_eq36", "total_privacy_eq36"],
     "laplace": ["advanced_composition", "basic_composition", "laplace_noise", "laplace_scale"],
 })

@@ -26,6 +26,8 @@ from numpy.typing import NDArray
 
 __all__ = [
     "Eq36Calibration",
+    "GaussianTarget",
+    "PrivacyTarget",
     "add_gaussian_noise",
     "data_fraction",
     "fedpdm_sensitivity",
@@ -404,6 +406,10 @@ class GaussianTarget:
         """The ``dp-*`` keys a client reads (:mod:`clients.broadcast`)."""
         return {"dp": True, "dp-calibration": self.kind, "clip": self.clip_norm, "dp-epsilon": self.epsilon,
                 "dp-delta": self.delta, "dp-horizon": self.horizon or num_rounds}
+
+
+#: API.md's name for the target a user passes as ``privacy=``: a rigorous (epsilon, delta) for one record
+PrivacyTarget = GaussianTarget
 
 
 #: the calibrations the broadcast strategies accept
