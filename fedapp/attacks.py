@@ -36,8 +36,14 @@ from numpy.typing import NDArray
 __all__ = [
     "COORDINATE_ATTACKS",
     "VALUE_ATTACKS",
+    "ALittleIsEnough",
     "ClientAttack",
+    "InnerProductManipulation",
+    "Mimic",
+    "MinMax",
+    "MinSum",
     "OmniscientOracle",
+    "SignFlipping",
     "alie",
     "alie_z",
     "apply_coordinate_attack",
@@ -45,6 +51,7 @@ __all__ = [
     "bit_flip",
     "byzantine_ids",
     "foe",
+    "label_flip",
     "min_attack",
     "random_attack",
     "same_attack",
@@ -486,3 +493,182 @@ class OmniscientOracle:
         for cid in sorted(self.byzantine & set(out)):
             out[cid] = same_attack(honest, rng)
         return out
+
+
+# ------------------------------------------------------------------------------ attacks that break the mean (issue 16)
+# Callables of the honest clients' (n_h, d) vectors that return the (d,) vector every Byzantine client sends (ByzFL's
+# shape: ``attack = MinMax("std"); attack(honest)``). All are OMNISCIENT (they read the honest vectors), so they run
+# only where uploads are in the clear (OmniscientOracle; never on a masked path). Called on a single row -- a
+# client's own vector -- SignFlipping is the non-omniscient, scaled bit-flip.
+
+
+@dataclass(frozen=True)
+class SignFlipping:
+    """``-scale * mean(honest)`` (ByzFL's SignFlipping for scale = 1; on one row, the scaled bit-flip)."""
+
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.scale, bool) or not isinstance(self.scale, int | float) or not math.isfinite(self.scale):
+            raise ValueError(f"scale must be a finite number, got {self.scale!r}")
+
+    def __call__(self, honest: NDArray[Any]) -> NDArray[np.float64]:
+        forged: NDArray[np.float64] = -float(self.scale) * np.mean(_honest_rows(honest, 1), axis=0)
+        return forged
+
+
+@dataclass(frozen=True)
+class InnerProductManipulation:
+    """IPM (Xie et al., "Fall of Empires", UAI 2020): ``-eps * mean(honest)``. Small eps (e.g. 0.1) keeps the
+    Byzantine vectors near the honest ones so distance-based rules accept them; large eps (e.g. 10) reverses the
+    mean. The same vector as :func:`foe` (ByzFL's InnerProductManipulation(tau=eps))."""
+
+    eps: float = 0.1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.eps, bool) or not isinstance(self.eps, int | float) or not math.isfinite(self.eps):
+            raise ValueError(f"eps must be a finite number, got {self.eps!r}")
+
+    def __call__(self, honest: NDArray[Any]) -> NDArray[np.float64]:
+        return foe(honest, float(self.eps))
+
+
+@dataclass(frozen=True)
+class ALittleIsEnough:
+    """ALIE (Baruch et al., NeurIPS 2019): ``mean - z * std`` (:func:`alie`). ``ALittleIsEnough.for_clients(n, f)``
+    takes z from the paper's formula for n clients of which f are Byzantine (:func:`alie_z`, "baruch"). ByzFL's
+    ALittleIsEnough(tau) adds ``+ tau * std``: the same attack with the other sign convention."""
+
+    z: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.z, bool) or not isinstance(self.z, int | float) or not math.isfinite(self.z):
+            raise ValueError(f"z must be a finite number, got {self.z!r}")
+
+    @classmethod
+    def for_clients(cls, n: int, f: int, formula: str = "baruch") -> ALittleIsEnough:
+        return cls(alie_z(n, f, formula))
+
+    def __call__(self, honest: NDArray[Any]) -> NDArray[np.float64]:
+        return alie(honest, float(self.z))
+
+
+@dataclass(frozen=True)
+class Mimic:
+    """Mimic (Karimireddy, He & Jaggi, ICLR 2022): every Byzantine client sends a copy of honest client ``index``'s
+    vector, over-weighting it (ByzFL's Mimic(epsilon=index))."""
+
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
+            raise ValueError(f"index must be an integer >= 0, got {self.index!r}")
+
+    def __call__(self, honest: NDArray[Any]) -> NDArray[np.float64]:
+        rows = _honest_rows(honest, 1)
+        if self.index >= len(rows):
+            raise ValueError(f"index {self.index} needs more than {len(rows)} honest vectors")
+        forged: NDArray[np.float64] = rows[self.index].copy()
+        return forged
+
+
+_DIRECTIONS = ("std", "uv", "sgn")
+
+
+def _perturbation(rows: NDArray[np.float64], direction: str) -> NDArray[np.float64]:
+    """Shejwalkar & Houmansadr's perturbation vectors: ``-std`` (coordinate-wise, n - 1), ``-mean / ||mean||`` (uv),
+    ``-sign(mean)`` (sgn)."""
+    mean = np.mean(rows, axis=0)
+    if direction == "std":
+        p: NDArray[np.float64] = -np.std(rows, axis=0, ddof=1)
+    elif direction == "uv":
+        norm = float(np.linalg.norm(mean))
+        p = -mean / norm if norm > 0 else np.zeros_like(mean)
+    else:
+        p = -np.sign(mean)
+    return p
+
+
+def _largest_gamma(ok: Any, gamma_max: float = 1e6, tol: float = 1e-9) -> float:
+    """The largest gamma in [0, gamma_max] with ``ok(gamma)``, for an ``ok`` that holds on an interval [0, gamma*]
+    (the constraints below are convex in gamma and hold at 0): bisection to relative ``tol``."""
+    if not ok(0.0):
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while ok(hi):
+        lo, hi = hi, 2.0 * hi
+        if hi > gamma_max:
+            return lo
+    while hi - lo > tol * max(hi, 1e-300):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be one of {_DIRECTIONS}, got {direction!r}")
+
+
+@dataclass(frozen=True)
+class MinMax:
+    """Min-max (Shejwalkar & Houmansadr, "Manipulating the Byzantine", NDSS 2021, Sec. IV-B, AGR-agnostic):
+    ``mean + gamma * p`` with the largest gamma such that its distance to every honest vector is at most the largest
+    distance between two honest vectors, ``max_i ||m - g_i|| <= max_{i,j} ||g_i - g_j||``. The constraint is convex in
+    gamma and holds at 0 (the mean lies in the honest vectors' hull), so gamma is found by bisection, as the paper's
+    halving search does."""
+
+    direction: str = "std"
+
+    def __post_init__(self) -> None:
+        _check_direction(self.direction)
+
+    def gamma(self, honest: NDArray[Any]) -> float:
+        rows = _honest_rows(honest, 2)
+        mean, p = np.mean(rows, axis=0), _perturbation(rows, self.direction)
+        sq = np.sum(rows * rows, axis=1)
+        bound = float(np.sqrt(max(0.0, float(np.max(sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T)))))
+        return _largest_gamma(lambda g: float(np.max(np.linalg.norm(rows - (mean + g * p), axis=1))) <= bound)
+
+    def __call__(self, honest: NDArray[Any]) -> NDArray[np.float64]:
+        rows = _honest_rows(honest, 2)
+        forged: NDArray[np.float64] = np.mean(rows, axis=0) + self.gamma(rows) * _perturbation(rows, self.direction)
+        return forged
+
+
+@dataclass(frozen=True)
+class MinSum:
+    """Min-sum (Shejwalkar & Houmansadr, NDSS 2021, Sec. IV-B): ``mean + gamma * p`` with the largest gamma such that
+    its sum of squared distances to the honest vectors is at most the largest such sum of an honest vector,
+    ``sum_i ||m - g_i||^2 <= max_i sum_j ||g_i - g_j||^2``. Since ``sum_i (mean - g_i) = 0`` the left side is
+    ``S_0 + n gamma^2 ||p||^2``, so gamma = sqrt((bound - S_0) / (n ||p||^2)); computed here by the same bisection
+    as MinMax (the tests check it against that closed form)."""
+
+    direction: str = "std"
+
+    def __post_init__(self) -> None:
+        _check_direction(self.direction)
+
+    def gamma(self, honest: NDArray[Any]) -> float:
+        rows = _honest_rows(honest, 2)
+        mean, p = np.mean(rows, axis=0), _perturbation(rows, self.direction)
+        sq = np.sum(rows * rows, axis=1)
+        pair = np.maximum(sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T, 0.0)
+        bound = float(np.max(pair.sum(axis=1)))
+        return _largest_gamma(lambda g: float(np.sum((rows - (mean + g * p)) ** 2)) <= bound)
+
+    def __call__(self, honest: NDArray[Any]) -> NDArray[np.float64]:
+        rows = _honest_rows(honest, 2)
+        forged: NDArray[np.float64] = np.mean(rows, axis=0) + self.gamma(rows) * _perturbation(rows, self.direction)
+        return forged
+
+
+def label_flip(labels: NDArray[Any], num_classes: int) -> NDArray[np.int64]:
+    """Label flipping, data poisoning on the Byzantine client (Tolpegin et al., ESORICS 2020; ByzFL's convention):
+    class y becomes ``num_classes - 1 - y``; the client then trains honestly on the poisoned labels."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    y = np.asarray(labels)
+    if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"labels must be integers in [0, {num_classes})")
+    return (num_classes - 1 - y).astype(np.int64)
