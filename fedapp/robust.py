@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 __all__ = [
     "AGGREGATORS",
+    "AdaptiveCenteredClipping",
     "Aggregator",
     "Bucketing",
     "CenteredClipping",
@@ -389,6 +390,47 @@ class CenteredClipping:
 
     def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
         return centered_clipping(vectors, self.tau, self.iters)
+
+
+@dataclass(frozen=True)
+class AdaptiveCenteredClipping:
+    """Centered clipping whose radius follows the scale of the round's inputs instead of a fixed constant (issue 16).
+
+    The center starts at the coordinate-wise median (a robust point, where clipping from the origin would clip the
+    honest updates of a model whose updates are large, and clip nothing where they are tiny); the radius is the
+    ``quantile`` of the inputs' distances to it; then :func:`centered_clipping` runs ``iters`` times from there.
+    Scaling every input by c scales the output by c, which no fixed tau does. With a quantile <= 1/2 the radius is
+    set by honest inputs as long as they are the majority.
+
+    Parameters
+    ----------
+    quantile
+        The quantile of the distances to the median that becomes tau, in (0, 1] (default 0.5).
+    iters
+        Clipping iterations (default 5).
+    """
+
+    quantile: float = 0.5
+    iters: int = 5
+
+    def __post_init__(self) -> None:
+        q = self.quantile
+        if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 < q <= 1.0:
+            raise ValueError(f"quantile must lie in (0, 1], got {q!r}")
+        _check_count("iters", self.iters)
+
+    def radius(self, vectors: NDArray[Any]) -> tuple[NDArray[np.float64], float]:
+        """(the starting center, tau) for these inputs."""
+        arr = _rows(vectors)
+        center = coordinate_median(arr)
+        dist = np.linalg.norm(arr - center, axis=1)
+        return center, float(np.quantile(dist, self.quantile))
+
+    def __call__(self, vectors: NDArray[Any]) -> NDArray[np.float64]:
+        center, tau = self.radius(vectors)
+        if tau <= 0.0:  # at least half the inputs sit on the median: it is the answer
+            return center
+        return centered_clipping(vectors, tau, self.iters, center=center)
 
 
 # ------------------------------------------------------------------------------ more rules (issue 13: any strategy)

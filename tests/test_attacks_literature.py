@@ -21,7 +21,13 @@ from fedapp.attacks import (
     SignFlipping,
     label_flip,
 )
-from fedapp.robust import CoordinateMedian, GeometricMedian
+from fedapp.robust import (
+    AdaptiveCenteredClipping,
+    CenteredClipping,
+    CoordinateMedian,
+    GeometricMedian,
+    centered_clipping,
+)
 
 
 def honest(n: int = 25, d: int = 40, seed: int = 0) -> np.ndarray:
@@ -114,3 +120,29 @@ def test_label_flip_and_bad_arguments() -> None:
         Mimic(30)(honest())
     with pytest.raises(ValueError, match="scale"):
         SignFlipping(math.inf)
+
+
+def test_adaptive_centered_clipping_follows_the_scale_of_the_updates() -> None:
+    h = honest(seed=4)
+    rule = AdaptiveCenteredClipping(quantile=0.5, iters=5)
+    center, tau = rule.radius(h)
+    np.testing.assert_allclose(center, np.median(h, axis=0))
+    assert tau == pytest.approx(float(np.median(np.linalg.norm(h - center, axis=1))))
+    np.testing.assert_allclose(rule(h), centered_clipping(h, tau, 5, center=center))  # by definition
+    for c in (1e-4, 1e3):  # scale-equivariant: a fixed tau = 0.5 is not
+        np.testing.assert_allclose(rule(c * h), c * rule(h), rtol=1e-9)
+    fixed = CenteredClipping(tau=0.5)
+    assert not np.allclose(fixed(1e3 * h), 1e3 * fixed(h), rtol=1e-3)
+
+
+@pytest.mark.parametrize("attack", [InnerProductManipulation(10.0), SignFlipping(10.0), MinMax("std"), MinSum("uv")],
+                         ids=lambda a: type(a).__name__)
+def test_adaptive_centered_clipping_stays_near_the_honest_mean_under_attack(attack: object) -> None:
+    # 7 of 32 Byzantine vectors: the aggregate stays within the honest spread of the honest mean (measured 0.30-0.32
+    # spreads; the plain mean 8.0 under IPM(10) / SignFlipping(10), 0.3 under min-max / min-sum, which target robust
+    # rules; CenteredClipping(tau=0.5) from the origin 2.0-2.6, its fixed radius far below these inputs' norms)
+    h = honest(n=25, seed=5)
+    allv = np.vstack([h, np.repeat(attack(h)[None, :], 7, axis=0)])  # type: ignore[operator]
+    truth = h.mean(axis=0)
+    spread = float(np.median(np.linalg.norm(h - truth, axis=1)))
+    assert float(np.linalg.norm(AdaptiveCenteredClipping()(allv) - truth)) < spread
