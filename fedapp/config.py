@@ -79,6 +79,14 @@ class RunConfig:
     num_server_rounds: int = field(default=30, metadata=_key("num-server-rounds", lambda v: v >= 1))
     seed: int = field(default=0, metadata=_key("seed", _nonneg))
     out_dir: str = field(default="", metadata=_key("out-dir", None, "where results.json and the plot go"))
+    # ---- checkpoints and resume (fedapp/checkpoint.py, README "Checkpoints and resume")
+    checkpoint: bool = field(default=True, metadata=_key("checkpoint", None, "write out-dir/checkpoint after every round"))
+    resume: bool = field(default=False, metadata=_key("resume", None, "continue the run whose checkpoint is in out-dir"))
+    client_state_dir: str = field(default="", metadata=_key(
+        "client-state-dir", None, "where clients persist context.state per run token (a node's own node config "
+        "'state-dir' wins); '' = not persisted"))
+    crash_after_round: int = field(default=0, metadata=_key(
+        "crash-after-round", _nonneg, "testing only: stop the run with an error after this round's checkpoint"))
     batch_size: int = field(default=10, metadata=_key("batch-size", lambda v: v >= 1))
     rho: float = field(default=10.0, metadata=_key("rho", _positive))
     eta0: float = field(default=0.04, metadata=_key("eta0", _positive))
@@ -367,6 +375,7 @@ _RANGES = {
     "mu": ">= 0",
     "init-std": ">= 0",
     "seed": ">= 0",
+    "crash-after-round": ">= 0",
     "privacy-horizon": ">= 0",
     "samples-per-client": ">= 0",
     "num-clients": ">= 1",

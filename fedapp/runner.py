@@ -8,10 +8,12 @@ directory, and the log says where (:func:`finish`).
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,8 @@ def build_strategy(cfg: RunConfig, *, evaluate: bool = True) -> Any:
     beyond FLOAT32_MAX (a huge init-std, the only key that scales x_0) would reach every client as inf.
     """
     strategy = ALGORITHMS[cfg.algorithm].make_strategy(cfg, evaluate=evaluate)
+    if getattr(strategy, "resume_unsupported", "no") is None:  # resumable: label the run (see setup_checkpoints)
+        strategy.run_token = secrets.token_hex(16)
     x0 = np.asarray(strategy.global_model(), dtype=np.float64)
     largest = float(np.max(np.abs(x0))) if x0.size else 0.0
     if not largest <= FLOAT32_MAX:
@@ -222,6 +226,56 @@ def run_to_results(
         doc, path = finish(cfg, strategy, engine, wall_s=time.perf_counter() - t0, out_dir=str(out), error=error)
         raise RunFailed(error, path, len(doc["rounds"])) from err
     return finish(cfg, strategy, engine, wall_s=time.perf_counter() - t0, out_dir=str(out))
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised after the checkpoint of run config ``crash-after-round``'s round: a test's stand-in for a ServerApp
+    that dies between rounds (the checkpoint on disk is all a resumed run gets)."""
+
+
+def setup_checkpoints(cfg: RunConfig, strategy: Any, out: Path) -> None:
+    """Before round 1: load the checkpoint when the run config asks to ``resume``, and (``checkpoint``, default on)
+    make the strategy write one into ``out/checkpoint`` after every round (README "Checkpoints and resume").
+
+    A fresh run keeps the run token :func:`build_strategy` drew (clients that persist their state key it by the
+    token, so a new run never starts from an old run's client state) and removes a checkpoint left in out-dir by an
+    earlier run; a resumed run takes the checkpoint's token. Raises ConfigError naming the keys when the checkpoint's run config differs from
+    this one, or when the algorithm cannot resume.
+    """
+    from fedapp.checkpoint import CHECKPOINT_DIR, CheckpointError, config_differences, read_checkpoint, write_checkpoint
+
+    run_config = {**cfg.to_run_config(), "out-dir": str(out)}
+    resumable = hasattr(strategy, "state_dict") and getattr(strategy, "resume_unsupported", None) is None
+    if cfg.resume:
+        if not resumable:
+            why = getattr(strategy, "resume_unsupported", None) or "its server state is Flower's, not checkpointed"
+            raise ConfigError(f"run config key 'resume' is true, but algorithm {cfg.algorithm!r} cannot resume: {why}")
+        try:
+            doc, state = read_checkpoint(out)
+        except CheckpointError as err:
+            raise ConfigError(f"run config key 'resume' is true, but {err}") from None
+        diff = config_differences(doc["run_config"], run_config)
+        if diff:
+            raise ConfigError(f"run config key 'resume' is true, but the checkpoint in {out / CHECKPOINT_DIR} is of "
+                              f"another run config; differing key(s): {'; '.join(diff)}")
+        try:
+            strategy.load_state_dict(state)
+        except ValueError as err:
+            raise ConfigError(f"the checkpoint in {out / CHECKPOINT_DIR} cannot be resumed: {err}") from None
+        log(INFO, "resuming from the checkpoint of round %d in %s", doc["round"], out / CHECKPOINT_DIR)
+    else:
+        shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)  # an earlier run's: resuming it now would be wrong
+    if not (cfg.checkpoint and resumable):
+        if cfg.checkpoint and getattr(strategy, "resume_unsupported", None):
+            log(INFO, "no checkpoints: %s", strategy.resume_unsupported)
+        return
+
+    def after_round(server_round: int) -> None:
+        write_checkpoint(out, server_round, run_config, strategy.state_dict())
+        if cfg.crash_after_round == server_round:
+            raise SimulatedCrash(f"crash-after-round = {server_round}: stopped after the round's checkpoint")
+
+    strategy.after_round = after_round
 
 
 def summary_lines(doc: dict[str, Any], path: Path) -> list[str]:

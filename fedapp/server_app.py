@@ -17,7 +17,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedapp.config import ConfigError, debug_enabled, parse_run_config
-from fedapp.runner import RunFailed, build_strategy, prepare_out_dir, run_to_results, summary_lines
+from fedapp.runner import RunFailed, build_strategy, prepare_out_dir, run_to_results, setup_checkpoints, summary_lines
 
 app = ServerApp()
 
@@ -35,6 +35,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg = parse_run_config(context.run_config)
         out = prepare_out_dir(cfg)  # before round 1: a bad location costs nothing
         strategy = build_strategy(cfg)  # loads the data and the model: may still reject the config
+        setup_checkpoints(cfg, strategy, out)  # resume: the checkpoint's state replaces the initial one
     except ConfigError as err:
         log(ERROR, "invalid run config: %s", err)
         if debug:

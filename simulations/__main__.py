@@ -44,20 +44,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedapp.runner import RunFailed, prepare_out_dir, resolve_out_dir, run_to_results, summary_lines
 
     overrides = {"algorithm": args.algorithm, **parse_set(args.set or [])}
+    if args.resume:
+        overrides["resume"] = True
     cfg = parse_run_config(overrides)  # fail fast, before any engine starts
     if args.engine == "in-process":
-        from fedapp.runner import build_strategy
+        from fedapp.runner import build_strategy, setup_checkpoints
         from simulations.inprocess import make_contexts, run_rounds
 
         t0 = time.perf_counter()
         out = prepare_out_dir(cfg, args.out)  # before round 1: a bad location costs nothing
         strategy = build_strategy(cfg)
+        setup_checkpoints(cfg, strategy, out)
         contexts = make_contexts(cfg)
         strategy.attach({pid: pid for pid in contexts})
         strategy.summary()
+        first = getattr(strategy, "resume_round", 0) + 1
         try:
             doc, path = run_to_results(cfg, strategy, "in-process",
-                                       lambda: run_rounds(strategy, contexts, cfg.num_server_rounds), out=out, t0=t0)
+                                       lambda: run_rounds(strategy, contexts, cfg.num_server_rounds - first + 1,
+                                                          start=first), out=out, t0=t0)
         except RunFailed as err:
             failed = json.loads(err.results.read_text())
             print("\n".join(summary_lines(failed, err.results)))
@@ -167,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "config's out-dir, else outputs/<algorithm>-<dataset>-<timestamp> under the current directory)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run-config key (repeatable)")
     r.add_argument("--connection", default=None, help="flwr SuperLink connection (default: local simulation)")
+    r.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in the out-dir (same "
+                   "--out and --set as the run that stopped; run config key resume=true)")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     r.set_defaults(func=cmd_run)
     q = sub.add_parser("quickstart", help="the default federated simulation (BSDP-FedPDM, MNIST, Flower engine)")

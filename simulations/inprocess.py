@@ -46,7 +46,7 @@ def run_rounds(strategy: Any, contexts: dict[int, Context], rounds: int, *, star
         post = strategy.post_train_contents(rnd)
         if post:
             strategy.consume_post_train(rnd, [_answer(mtype, node, content, contexts) for node, mtype, content in post])
-        strategy.evaluate_round(rnd)
+        strategy.complete_round(rnd)
 
 
 def _answer(mtype: str, node_id: int, content: RecordDict, contexts: dict[int, Context]) -> tuple[int, RecordDict | str]:

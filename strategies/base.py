@@ -28,6 +28,7 @@ call the same methods with the same RecordDicts, so every driver runs the same c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import secrets
@@ -56,11 +57,14 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 WHOAMI = "query.whoami"
 #: config keys every train message carries (a user's train_config may not use them)
 LAYOUT_KEY, DIM_KEY, ROUND_KEY = "layout-crc", "dim", "server-round"
+#: config key of the run's token: clients that persist their state file it under it (fedapp/client_app.py)
+RUN_TOKEN_KEY = "run-token"
 
 __all__ = [
     "DIM_KEY",
     "LAYOUT_KEY",
     "ROUND_KEY",
+    "RUN_TOKEN_KEY",
     "WHOAMI",
     "FederatedStrategy",
     "FederationError",
@@ -210,6 +214,9 @@ class RoundBookkeeping:
         self.accountant_factory: Callable[[], Any] | None = None
         self.client_accountants: dict[int, Any] = {}  # client id -> its accountant (server's mirror of its ledger)
         self._last_event: dict[int, Any] = {}  # client id -> its last release, to forecast the next one
+        self._releases: dict[int, list[tuple[float, int, int]]] = {}  # client id -> its composed events (checkpoints)
+        #: called with the round number once the round's record is in ``history`` (the runner writes the checkpoint)
+        self.after_round: Callable[[int], None] | None = None
 
     def set_accountant(self, accountant: Callable[[], Any] | None) -> None:
         """Account each client's releases on the server with Flower's privacy protocol.
@@ -257,6 +264,7 @@ class RoundBookkeeping:
                                      sample_size=max(1, min(sampled, pop)), population_size=pop)
         acc.compose(event)
         self._last_event[client] = event
+        self._releases.setdefault(client, []).append((event.noise_multiplier, event.sample_size, pop))
 
     def check_privacy_budget(self, server_round: int, clients: Iterable[int]) -> None:
         """Raise ``PrivacyBudgetExhausted`` before sending if a sampled client's next release would pass its budget."""
@@ -402,11 +410,54 @@ class RoundBookkeeping:
             int(rec.extra.get("rejected", 0)), rec.uplink_bytes / 1e3, rec.downlink_bytes / 1e3, rec.wall_s)
         return rec
 
+    def complete_round(self, server_round: int) -> RoundRecord:
+        """:meth:`evaluate_round`, then ``after_round`` (the checkpoint): what every driver calls to end a round."""
+        rec = self.evaluate_round(server_round)
+        if self.after_round is not None:
+            self.after_round(server_round)
+        return rec
+
+    # ------------------------------------------------------------------ checkpoints (fedapp/checkpoint.py)
+    def bookkeeping_state(self) -> dict[str, Any]:
+        """The bookkeeping a resumed run needs: the history, the clients' privacy figures, the server-side
+        accountants (as the events composed into them, replayed on load), the rejection and retry counters."""
+        return {
+            "history": [dataclasses.asdict(r) for r in self.history],
+            "client_privacy": self.client_privacy,
+            "rejected_total": self.rejected_total,
+            "releases": self._releases,
+            "unanswered_rounds": self._unanswered_rounds,
+            "unanswered_errors": dict(self._unanswered_errors),
+        }
+
+    def load_bookkeeping_state(self, state: Mapping[str, Any]) -> None:
+        """The inverse of :meth:`bookkeeping_state` (accountants rebuilt with the factory of :meth:`set_accountant`)."""
+        self.history = [RoundRecord(**r) for r in state["history"]]
+        self.client_privacy = {int(k): dict(v) for k, v in state["client_privacy"].items()}
+        self.rejected_total = int(state["rejected_total"])
+        self._unanswered_rounds = int(state["unanswered_rounds"])
+        self._unanswered_errors = Counter(state["unanswered_errors"])
+        self._releases, self.client_accountants, self._last_event = {}, {}, {}
+        releases = {int(k): v for k, v in state["releases"].items()}
+        if releases and self.accountant_factory is None:
+            raise ValueError("the checkpoint holds server-side privacy accountants but this strategy has none set")
+        if releases:
+            from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+
+            for cid, events in releases.items():
+                acc = self.client_accountants[cid] = self.accountant_factory()  # type: ignore[misc]
+                for z, sample, pop in events:
+                    event = GaussianPrivacyEvent(noise_multiplier=float(z), sample_size=int(sample),
+                                                 population_size=int(pop))
+                    acc.compose(event)
+                    self._last_event[cid] = event
+                self._releases[cid] = [(float(z), int(s), int(p)) for z, s, p in events]
+
     def _evaluate_hook(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """What ``Strategy.start`` calls after each round: the user's evaluate_fn, recorded in the history."""
         if server_round == 0:
             return self.evaluate_fn(0, arrays) if self.evaluate_fn is not None else None
-        rec = self.evaluate_round(server_round)
+        rec = self.complete_round(server_round)
         out = {"test_accuracy": rec.test_accuracy, "test_loss": rec.test_loss}
         return MetricRecord({k: float(v) for k, v in out.items() if v is not None}) or None
 
@@ -499,6 +550,71 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self.user_config: dict[str, Any] = {}
         self._grid: Grid | None = None
         self.init_bookkeeping(eval_every=eval_every)
+        #: label of this run sent in every train message when set, kept by a resumed run (clients key their
+        #: persisted state by it, so a new run never picks up an old run's state); None: not sent
+        self.run_token: str | None = None
+        self.resume_round = 0  # the last round of the checkpoint this run resumed from (0: a fresh run)
+        self._pending_state: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ checkpoints (fedapp/checkpoint.py)
+    #: Names of the attributes that hold this algorithm's server state between rounds (numpy arrays, numbers,
+    #: strings, None, and lists / tuples / sets / dicts of them). A strategy author lists here every attribute that
+    #: :meth:`aggregate` (or a pre/post-train exchange) carries from one round to the next -- control variates, duals,
+    #: the last broadcast -- and overrides :meth:`state_dict` / :meth:`load_state_dict` only for state that is
+    #: not such data. Values recomputed each round from these, from ``seed`` or from the round number (the sampled
+    #: clients, step sizes, a cached encoding of this round's downlink) need not be listed.
+    CHECKPOINT_ATTRS: tuple[str, ...] = ()
+    #: Why this strategy cannot resume from a checkpoint (None: it can). Set by a family whose server state is not
+    #: (yet) in CHECKPOINT_ATTRS or depends on secrets that are never written down.
+    resume_unsupported: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the server carries from one round to the next, as data :mod:`fedapp.checkpoint` can write: the
+        model x, the bookkeeping (history, privacy figures, accountants) and the algorithm's ``CHECKPOINT_ATTRS``.
+
+        Randomness needs no state: every server draw comes from :meth:`rng` with (seed, round, ...) as its stream,
+        so a resumed run draws what the uninterrupted run would have drawn.
+        """
+        return {
+            "strategy": type(self).__name__,
+            "round": self.history[-1].round if self.history else 0,
+            "seed": self.seed,
+            "dim": self.dim,
+            "x": self.x,
+            "run_token": self.run_token,
+            "bookkeeping": self.bookkeeping_state(),
+            "algorithm": {name: getattr(self, name) for name in self.CHECKPOINT_ATTRS},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take the state of :meth:`state_dict` (after :meth:`initialize`): the model and bookkeeping now, the
+        algorithm's attributes when the first resumed round begins (after the federation is attached, which
+        allocates per-client state such as a graph's counters)."""
+        if self.resume_unsupported is not None:
+            raise ValueError(f"{type(self).__name__} cannot resume from a checkpoint: {self.resume_unsupported}")
+        if state.get("strategy") != type(self).__name__:
+            raise ValueError(f"the checkpoint is of strategy {state.get('strategy')!r}, not {type(self).__name__}")
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"the checkpoint's seed is {state['seed']}, this strategy's is {self.seed}")
+        x = np.asarray(state["x"], dtype=np.float64)
+        if int(state["dim"]) != self.dim or x.shape != (self.dim,):
+            raise ValueError(f"the checkpoint's model has {x.shape[0]} parameters, this strategy's {self.dim}")
+        missing = sorted(set(self.CHECKPOINT_ATTRS) - set(state["algorithm"]))
+        if missing:
+            raise ValueError(f"the checkpoint lacks {type(self).__name__}'s state {missing}")
+        self.x = x
+        self.load_bookkeeping_state(state["bookkeeping"])
+        self.run_token = state["run_token"]
+        self.resume_round = int(state["round"])
+        self._pending_state = dict(state["algorithm"])
+
+    def apply_pending_state(self) -> None:
+        """Set the algorithm's attributes from the checkpoint (called when the first resumed round begins)."""
+        if self._pending_state is None:
+            return
+        for name, value in self._pending_state.items():
+            setattr(self, name, value)
+        self._pending_state = None
 
     # ------------------------------------------------------------------ the model
     def initialize(self, initial_arrays: ArrayRecord) -> None:
@@ -623,7 +739,9 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         return rng_for(self.seed, *path)
 
     def begin_round(self, server_round: int) -> None:
-        """Reset the round's accumulators (bytes, rejections, wall clock)."""
+        """Reset the round's accumulators (bytes, rejections, wall clock); the first round of a resumed run also
+        takes the algorithm's state from the checkpoint (:meth:`apply_pending_state`)."""
+        self.apply_pending_state()
         self._acc = {"t0": time.perf_counter(), "down": 0, "up": 0, "rejected": 0, "sent": 0, "round": server_round,
                      "errors": Counter()}
 
@@ -675,7 +793,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
 
     def message_config(self, server_round: int, config: Mapping[str, Scalar]) -> dict[str, Any]:
         """The config of one train message: the user's train_config, then ours (ours may not be overridden)."""
-        return {**self.user_config, **self.common_config(), **config, ROUND_KEY: server_round}
+        token = {RUN_TOKEN_KEY: self.run_token} if self.run_token is not None else {}
+        return {**self.user_config, **self.common_config(), **config, ROUND_KEY: server_round, **token}
 
     def train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
         """(node id, content) of every train message of the round; counts downlink bytes."""
@@ -814,6 +933,9 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """
         if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
+        if self.resume_round:  # load_state_dict ran: the model and state are the checkpoint's, not initial_arrays
+            self.prepare(num_rounds, train_config=train_config, evaluate_fn=evaluate_fn)
+            return self.continue_rounds(grid, num_rounds, timeout=timeout)
         self.initialize(initial_arrays)
         self.prepare(num_rounds, train_config=train_config, evaluate_fn=evaluate_fn)
         if not self.seed_was_given:
@@ -821,13 +943,33 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         return super().start(grid=grid, initial_arrays=self.current_arrays(), num_rounds=num_rounds, timeout=timeout,
                              train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=self._evaluate_hook)
 
+    def continue_rounds(self, grid: Grid, num_rounds: int, *, timeout: float = 3600) -> Result:
+        """Rounds ``resume_round + 1 .. num_rounds`` of a resumed run: Flower's ``Strategy.start`` loop (train
+        exchange, aggregation, central evaluation) from the round after the checkpoint's."""
+        if self.resume_round >= num_rounds:
+            raise ValueError(f"the checkpoint is of round {self.resume_round}: nothing is left of {num_rounds} rounds")
+        log(INFO, "%s: resuming after round %d of %d", type(self).__name__, self.resume_round, num_rounds)
+        result = Result()
+        for rnd in range(self.resume_round + 1, num_rounds + 1):
+            replies = grid.send_and_receive(messages=self.configure_train(rnd, self.current_arrays(), ConfigRecord(), grid),
+                                            timeout=timeout)
+            arrays, metrics = self.aggregate_train(rnd, replies)
+            if arrays is not None:
+                result.arrays = arrays
+            if metrics is not None:
+                result.train_metrics_clientapp[rnd] = metrics
+            res = self._evaluate_hook(rnd, self.current_arrays())
+            if res is not None:
+                result.evaluate_metrics_serverapp[rnd] = res
+        return result
+
     def prepare(self, num_rounds: int, *, train_config: ConfigRecord | Mapping[str, Any] | None = None,
                 evaluate_fn: EvaluateFn | None = None) -> None:
         """Set the run's length, the user's extra train config and central evaluation (both drivers call this)."""
         self.num_rounds = num_rounds
         self.evaluate_fn = evaluate_fn
         self.user_config = dict(train_config or {})
-        ours = set(self.common_config()) | {ROUND_KEY}
+        ours = set(self.common_config()) | {ROUND_KEY, RUN_TOKEN_KEY}
         clash = sorted(ours & set(self.user_config))
         if clash:
             raise ValueError(f"train_config keys {clash} are set by {type(self).__name__} itself")

@@ -70,6 +70,8 @@ class GraphRouting(FederatedStrategy):
         algorithm needs it, and agents are numbered by their partition-id (``require_partition_ids`` is forced).
     """
 
+    resume_unsupported: str | None = ("the routers' state (outboxes, counters, the walk) is not checkpointed yet")
+
     def __init__(self, *, graph: topology.Graph | str = "ring", **federation: Any) -> None:
         federation["require_partition_ids"] = True
         federation.setdefault("fraction_train", 1.0)
@@ -125,6 +127,10 @@ class SyncRouter(GraphRouting):
     forwarded
         Messages actually forwarded along graph edges so far (``sum_i d_i`` per round from round 2 on).
     """
+
+    #: the latest messages, their round, the publication counters and the forwarding count (checkpoints)
+    CHECKPOINT_ATTRS: tuple[str, ...] = ("outbox", "outbox_round", "tau", "forwarded")
+    resume_unsupported: str | None = None
 
     #: arrays per published message
     message_arrays = 1

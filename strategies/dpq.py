@@ -177,6 +177,11 @@ class DPQDSGD(SyncRouter):
     >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=K + 2)
     """
 
+    #: SyncRouter's, plus the forwarded messages' bits, the mean message, the node-average model and the nodes'
+    #: privacy and evaluation figures of the last round (``infos`` lives within one round; checkpoints)
+    CHECKPOINT_ATTRS = (*SyncRouter.CHECKPOINT_ATTRS, "outbox_bits", "z_mean", "avg_model", "avg_round", "eval_x",
+                        "node_privacy", "node_eval")
+
     privacy_label = "eps(Thm 1)"
 
     def __init__(self, *, variant: str = "dpq", q_step: float = 1.0, horizon: int | None = None, a1: float = 0.35,

@@ -35,6 +35,9 @@ class FedDyn(LocalSGDStrategy):
         :class:`strategies.fedavg.LocalSGDStrategy`'s arguments.
     """
 
+    #: the linear-term state h carries from round to round (``sent`` is reset by every broadcast; checkpoints)
+    CHECKPOINT_ATTRS = ("h",)
+
     def __init__(self, *, alpha: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not (isinstance(alpha, int | float) and alpha > 0):

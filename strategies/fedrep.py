@@ -156,6 +156,9 @@ class FedREP(FederatedStrategy):
     >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3)
     """
 
+    resume_unsupported = ("FedREP's round state (I^{t-1}, the clients' sync set, the buffer draw and, masked, the "
+                          "devices' per-run signed keys) is not checkpointed")
+
     #: the phase-2 upload the clients make: "conspar" (g on I^t) or "sparse-secagg"
     upload = "conspar"
 

@@ -94,6 +94,10 @@ class ConsensusADMM(FederatedStrategy):
         ``seed``, ``node_wait_s``, ``eval_every``, ...). ``fraction_train`` must stay 1.0.
     """
 
+    #: the agents' z_p and the server's copy of lambda_p, and the sample count I learnt before round 1 (x and
+    #: rho^t are recomputed from them each round; checkpoints)
+    CHECKPOINT_ATTRS = ("z", "lam", "total")
+
     PRIVACY_KEYS = ("eps_basic", "delta_basic", "eps_advanced", "delta_advanced")
     privacy_label = "eps(basic)"
     #: the mechanism the clients must run (sent as ``mechanism``)

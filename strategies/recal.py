@@ -89,6 +89,9 @@ class RecalFamily(GraphRouting):
         graph, the walk and nothing else; ``min_available_nodes`` = the number of agents).
     """
 
+    resume_unsupported: str | None = ("the registration, the walk / baton and the per-agent budgets of the DP-RECAL family are "
+                          "not checkpointed yet")
+
     privacy_label = "eps(Thm 3)"
     tau: NDArray[np.int64]
 

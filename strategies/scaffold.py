@@ -34,6 +34,9 @@ class Scaffold(LocalSGDStrategy):
     Parameters are :class:`strategies.fedavg.LocalSGDStrategy`'s.
     """
 
+    #: the server control variate c carries from round to round (checkpoints)
+    CHECKPOINT_ATTRS = ("c",)
+
     def on_initialize(self) -> None:
         self.c = np.zeros(self.dim)
 
