@@ -1,0 +1,170 @@
+"""Checkpoints and resume (issue 15): a run that stops after round k and is resumed from out-dir/checkpoint ends
+exactly as the run that never stopped -- the same final model bit for bit, the same per-round accuracy, loss,
+epsilon and bytes, the same privacy spent.
+
+The stop is the ServerApp's own death between rounds: run config ``crash-after-round = k`` raises right after the
+round-k checkpoint is on disk (the run ends failed, as a killed ServerApp's would), and the resumed run is a new
+process (in-process CLI) or a new `flwr run` (Flower simulation) that gets nothing but out-dir and the clients'
+state directory. The truth is the uninterrupted run of the same config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedapp.checkpoint import CHECKPOINT_DIR, decode_state, encode_state, read_checkpoint, write_checkpoint
+from simulations.__main__ import EXIT_CONFIG, EXIT_FAILED, main
+
+#: per-round fields that must agree (wall_s and the timestamps are the only ones that may not)
+ROUND_KEYS = ("round", "test_accuracy", "test_loss", "epsilon", "delta", "uplink_bytes", "downlink_bytes", "clients",
+              "rejected")
+
+FEDPDM = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 6,
+          "clients-per-round": 3, "num-server-rounds": 5, "eta0": 0.05, "uplink-sparsifier": "randk",
+          "alpha-up": 0.3, "alpha-down": 0.5, "dp": True, "epsilon-total": 50.0}
+
+
+def _sets(cfg: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for k, v in cfg.items():
+        if k != "algorithm":
+            out += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+    return out
+
+
+def _run(cfg: dict[str, Any], out: Path, *extra: str) -> int:
+    return main(["run", "--algorithm", str(cfg["algorithm"]), "--out", str(out), *_sets(cfg), *extra])
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    """results.json and model.npy of two out-dirs: same rounds, same privacy, same final model bit for bit."""
+    ra, rb = json.loads((a / "results.json").read_text()), json.loads((b / "results.json").read_text())
+    assert ra["status"] == rb["status"] == "completed"
+    assert len(ra["rounds"]) == len(rb["rounds"])
+    for x, y in zip(ra["rounds"], rb["rounds"], strict=True):
+        assert {k: x.get(k) for k in ROUND_KEYS} == {k: y.get(k) for k in ROUND_KEYS}
+        assert {k: v for k, v in x.items() if k.startswith("privacy_")} == \
+            {k: v for k, v in y.items() if k.startswith("privacy_")}
+    for key in ("privacy", "privacy_by_accountant", "final_test_accuracy", "total_uplink_bytes", "total_downlink_bytes"):
+        assert ra["summary"][key] == rb["summary"][key], key
+    np.testing.assert_array_equal(np.load(a / "model.npy"), np.load(b / "model.npy"))
+
+
+def test_state_encoding_round_trips_bit_for_bit(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).standard_normal(7)
+    state = {"x": x, "ints": {3: [1, 2], 0: (4.5, None)}, "s": {1, 5}, "nan": float("nan"), "inf": -np.inf,
+             "tiny": 5e-324, "f32": np.float32(0.1), "nested": [{"a": np.arange(3, dtype=np.int64)}]}
+    arrays: dict[str, Any] = {}
+    back = decode_state(json.loads(json.dumps(encode_state(state, arrays))), arrays)
+    np.testing.assert_array_equal(back["x"], x)
+    assert back["x"].tobytes() == x.tobytes()
+    assert back["ints"] == {3: [1, 2], 0: (4.5, None)} and back["s"] == {1, 5}
+    assert np.isnan(back["nan"]) and back["inf"] == -np.inf and back["tiny"] == 5e-324
+    assert back["f32"] == float(np.float32(0.1))
+    assert back["nested"][0]["a"].dtype == np.int64
+    # written, read back, and a torn arrays file is refused
+    write_checkpoint(tmp_path, 3, {"seed": 1}, state)
+    doc, loaded = read_checkpoint(tmp_path)
+    assert doc["round"] == 3 and loaded["x"].tobytes() == x.tobytes()
+    npz = tmp_path / CHECKPOINT_DIR / doc["arrays"]
+    blob = bytearray(npz.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    npz.write_bytes(bytes(blob))
+    with pytest.raises(RuntimeError, match="SHA-256"):
+        read_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(("algorithm", "extra"), [
+    ("bsdp-fedpdm", {}),
+    ("scaffold", {}),
+    ("dp-iadmm", {"model": "multinomial-nobias", "clients-per-round": 6}),
+])
+def test_inprocess_resume_equals_uninterrupted(tmp_path: Path, algorithm: str, extra: dict[str, Any]) -> None:
+    """In-process CLI: crash after round 2 of 5, resume in the same out-dir, compare with the uninterrupted run.
+
+    bsdp-fedpdm: DP noise, rand-k, the clients' duals lambda_i and ledgers (persisted in client-state-dir);
+    scaffold: the server's control variate c and each client's c_i; dp-iadmm: the server's z_p and lambda_p of
+    every agent, the sample count I learnt before round 1, and the agents' own duals."""
+    cfg = {**FEDPDM, "algorithm": algorithm, **extra, "client-state-dir": str(tmp_path / "devices")}
+    assert _run(cfg, tmp_path / "whole") == 0
+    assert _run({**cfg, "crash-after-round": 2}, tmp_path / "resumed") == EXIT_FAILED
+    crashed = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    assert crashed["status"] == "failed" and len(crashed["rounds"]) == 2
+    assert json.loads((tmp_path / "resumed" / CHECKPOINT_DIR / "state.json").read_text())["round"] == 2
+    assert _run(cfg, tmp_path / "resumed", "--resume") == 0
+    _assert_same_run(tmp_path / "whole", tmp_path / "resumed")
+
+
+DPQ = {"algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5, "clients-per-round": 5,
+       "dpq-horizon": 2000, "samples-per-client": 200, "dpq-eval-limit": 200, "eval-every": 2, "num-server-rounds": 4}
+
+
+def test_inprocess_dpq_resume_equals_uninterrupted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DPQ-DSGD: the server routes the quantized noisy messages of round k into round k + 1 (the outbox, the
+    publication counters, the bits), the nodes hold x_i. Resumed with the nodes' state: exact. Without it, the
+    nodes refuse round 3 (no x_i to step from) and the run stops naming them."""
+    cfg = {**DPQ, "client-state-dir": str(tmp_path / "devices")}
+    assert _run(cfg, tmp_path / "whole") == 0
+    assert _run({**cfg, "crash-after-round": 2}, tmp_path / "resumed") == EXIT_FAILED
+    assert _run(cfg, tmp_path / "resumed", "--resume") == 0
+    _assert_same_run(tmp_path / "whole", tmp_path / "resumed")
+    assert _run({**DPQ, "crash-after-round": 2}, tmp_path / "lost") == EXIT_FAILED
+    capsys.readouterr()
+    assert _run(DPQ, tmp_path / "lost", "--resume") == EXIT_FAILED
+    assert "has no DPQ state" in capsys.readouterr().err
+
+
+def test_resume_without_client_state_restarts_the_duals(tmp_path: Path) -> None:
+    """The same crash with no client state directory: the server resumes exactly, but FedPDM's clients start
+    again from lambda_i = 0, so the run ends elsewhere (the equality above is not vacuous)."""
+    assert _run(FEDPDM, tmp_path / "whole") == 0
+    assert _run({**FEDPDM, "crash-after-round": 2}, tmp_path / "resumed") == EXIT_FAILED
+    assert _run(FEDPDM, tmp_path / "resumed", "--resume") == 0
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    resumed = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    assert [r["test_accuracy"] for r in whole["rounds"][:2]] == [r["test_accuracy"] for r in resumed["rounds"][:2]]
+    assert not np.array_equal(np.load(tmp_path / "whole" / "model.npy"), np.load(tmp_path / "resumed" / "model.npy"))
+
+
+def test_resume_refuses_another_run_config_naming_the_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = {**FEDPDM, "num-server-rounds": 2}
+    assert _run({**cfg, "crash-after-round": 1}, tmp_path) == EXIT_FAILED
+    capsys.readouterr()
+    assert _run({**cfg, "eta0": 0.07, "seed": 3}, tmp_path, "--resume") == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "eta0: 0.05 -> 0.07" in err and "seed: 0 -> 3" in err and "another run config" in err
+    assert _run(cfg, tmp_path / "nothing-here", "--resume") == EXIT_CONFIG
+    assert "no checkpoint to resume from" in capsys.readouterr().err
+    assert _run({**cfg, "algorithm": "flwr-fedavg"}, tmp_path / "flwr", "--resume") == EXIT_CONFIG
+    assert "algorithm 'flwr-fedavg' cannot resume" in capsys.readouterr().err
+
+
+@pytest.mark.flower
+def test_flower_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    """Through `flwr run` (the Flower simulation engine): the ServerApp stops after round 2 (the run ends
+    finished:failed), a second `flwr run` with resume=true -- a new run, with fresh Contexts on every node -- takes
+    the server state from out-dir/checkpoint and the clients' duals and ledgers from client-state-dir, and ends as the
+    uninterrupted run: same per-round figures, same privacy spent, same final model bit for bit.
+
+    The uninterrupted run is the in-process driver's, which tests/test_flower.py pins to the Flower simulation bit
+    for bit (one `flwr run` fewer on a shared machine)."""
+    from simulations.flower_driver import FlowerRunError, run_flower
+
+    cfg = {**FEDPDM, "num-server-rounds": 4, "client-state-dir": str(tmp_path / "devices")}
+    assert _run(cfg, tmp_path / "whole") == 0
+    with pytest.raises(FlowerRunError) as crash:
+        run_flower({**cfg, "crash-after-round": 2}, tmp_path / "resumed", num_supernodes=6, stream=False)
+    assert crash.value.run is not None and crash.value.run.status.startswith("finished:failed")
+    assert json.loads((tmp_path / "resumed" / CHECKPOINT_DIR / "state.json").read_text())["round"] == 2
+    resumed = run_flower({**cfg, "resume": True}, tmp_path / "resumed", num_supernodes=6, stream=False)
+    assert resumed.status == "finished:completed" and resumed.run_id != crash.value.run.run_id
+    doc = json.loads(resumed.results.read_text())
+    assert doc["engine"] == "flower-simulation" and len(doc["rounds"]) == 4
+    _assert_same_run(tmp_path / "whole", tmp_path / "resumed")
+    # the resumed run used the crashed run's token: one state directory for both, one for the in-process run
+    assert len(list((tmp_path / "devices").glob("run-*"))) == 2
