@@ -168,3 +168,35 @@ def test_flower_resume_equals_uninterrupted(tmp_path: Path) -> None:
     _assert_same_run(tmp_path / "whole", tmp_path / "resumed")
     # the resumed run used the crashed run's token: one state directory for both, one for the in-process run
     assert len(list((tmp_path / "devices").glob("run-*"))) == 2
+
+
+def test_server_accountants_survive_a_checkpoint() -> None:
+    """Flower's per-client accountants on the server (set_accountant): rebuilt from the checkpoint by replaying the
+    composed events, they report the same PrivacySpent and stop the run before the same release."""
+    from flwr.app import Array, ArrayRecord
+    from flwr.serverapp.exception import PrivacyBudgetExhausted
+
+    from fedapp.privacy.protocol import GdpAccountant, no_amplification
+    from strategies.fedpdm import DPFedPDM
+
+    def strategy() -> DPFedPDM:
+        s = DPFedPDM(min_available_nodes=3, accountant=lambda: GdpAccountant(no_amplification(1e-5, 3, max_epsilon=4.0)),
+                     seed=7)
+        s.initialize(ArrayRecord({"w": Array(np.zeros(5))}))
+        return s
+
+    before = strategy()
+    for sigma in (1.0, 1.5, 0.9):  # client 0 releases three times, client 1 twice
+        before.account_release(0, {"sigma": sigma, "sensitivity": 0.5}, 3)
+    for sigma in (2.0, 2.5):
+        before.account_release(1, {"sigma": sigma, "sensitivity": 0.5}, 3)
+    arrays: dict[str, Any] = {}
+    saved = decode_state(json.loads(json.dumps(encode_state(before.state_dict(), arrays))), arrays)
+    after = strategy()
+    after.load_state_dict(saved)
+    assert after.privacy_spent() == before.privacy_spent()
+    assert after.privacy_spent().num_releases == 3
+    for s in (before, after):  # client 0's next release (forecast as its last, z = 1.8) would pass epsilon 4
+        with pytest.raises(PrivacyBudgetExhausted, match="client 0"):
+            s.check_privacy_budget(4, [0, 1])
+        s.check_privacy_budget(4, [1])
