@@ -200,3 +200,48 @@ def test_server_accountants_survive_a_checkpoint() -> None:
         with pytest.raises(PrivacyBudgetExhausted, match="client 0"):
             s.check_privacy_budget(4, [0, 1])
         s.check_privacy_budget(4, [1])
+
+
+def test_node_state_snapshots_roll_back_to_the_round_before(tmp_path: Path) -> None:
+    """A node's snapshots: node config state-dir wins over the run config's client-state-dir; a fresh Context
+    restores the latest snapshot of a round before the one asked for (the server's checkpoint may be one round
+    behind the node), the two latest are kept, and another run token sees nothing."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+
+    from fedapp.client_app import persist_state, restore_state, state_files
+
+    token = "ab" * 16
+
+    def message(rnd: int, tok: str = token) -> RecordDict:
+        return RecordDict({"config": ConfigRecord({"run-token": tok, "server-round": rnd})})
+
+    def context(**node: Any) -> Context:
+        return Context(run_id=1, node_id=9, node_config={"partition-id": 2, **node}, state=RecordDict(),
+                       run_config={"client-state-dir": str(tmp_path / "run-config")})
+
+    dev = context(**{"state-dir": str(tmp_path / "device")})
+    files = state_files(message(1), dev)
+    assert files == (tmp_path / "device" / f"run-{token}" / "node-2", 1)
+    assert state_files(message(1), context())[0].parent.parent == tmp_path / "run-config"
+    assert state_files(RecordDict({"config": ConfigRecord({"server-round": 1})}), dev) is None  # no token
+    assert state_files(message(1, "../../etc"), dev) is None  # the token names a directory: hex only
+    folder = files[0]
+    for rnd in (1, 3, 4):  # the node was sampled in rounds 1, 3 and 4
+        dev.state["dual"] = ArrayRecord([np.full(3, float(rnd))])
+        persist_state(dev, folder, rnd)
+    assert sorted(p.name for p in folder.iterdir()) == ["round-000003.state", "round-000004.state"]
+
+    def restored(rnd: int) -> float | None:
+        fresh = context(**{"state-dir": str(tmp_path / "device")})
+        restore_state(fresh, folder, rnd)
+        rec = fresh.state.array_records.get("dual")
+        return None if rec is None else float(rec.to_numpy_ndarrays()[0][0])
+
+    assert restored(5) == 4.0  # checkpoint of round 4: resume at 5 from the node's round-4 state
+    assert restored(4) == 3.0  # checkpoint of round 3, the node already did round 4: redo it from round 3's state
+    assert restored(3) is None  # round 1's snapshot is gone (two kept): nothing older than 3 left
+    other = context(**{"state-dir": str(tmp_path / "device")})
+    other_files = state_files(message(5, "cd" * 16), other)
+    assert other_files is not None
+    restore_state(other, other_files[0], 5)
+    assert len(other.state) == 0
