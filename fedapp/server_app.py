@@ -5,6 +5,10 @@ reply, any other error) logs one ERROR line saying why and raises, which is what
 ``finished:failed`` (`flwr run` itself exits 0 either way: check `flwr list`). Once rounds have run, results.json is
 written first, with ``"status": "failed"``. Flower logs the exception it catches with a traceback of its own; ours
 is cut to the raise in this module unless FEDAPP_DEBUG=1 asks for the whole chain.
+
+After every round the run's server state goes to ``<out-dir>/checkpoint`` (run config ``checkpoint``, default on);
+``resume=true`` with the same run config and out-dir continues a run that stopped from the round after its last
+checkpoint (:func:`fedapp.runner.setup_checkpoints`, README "Checkpoints and resume").
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ every algorithm needs the same way:
   only that reply, and a round in which no reply is accepted stops the run with :class:`RoundFailed`, quoting
   the clients' errors;
 * **bookkeeping**: bytes counted from the serialized records both ways, per-client privacy figures, central
-  evaluation through Flower's ``evaluate_fn``, and a per-round history (:class:`fedapp.results.RoundRecord`).
+  evaluation through Flower's ``evaluate_fn``, and a per-round history (:class:`fedapp.results.RoundRecord`);
+* **checkpoints**: :meth:`FederatedStrategy.state_dict` / :meth:`FederatedStrategy.load_state_dict` hold everything
+  a round carries to the next (the model, the bookkeeping, and the attributes a subclass lists in
+  ``CHECKPOINT_ATTRS``), so a run can stop after any round and resume bit for bit (:mod:`fedapp.checkpoint`).
 
 A round is the train exchange, optionally preceded by a pre-train exchange (:meth:`pre_train_contents` /
 :meth:`consume_pre_train`: FedREP's proposals) and followed by a post-train exchange (:meth:`post_train_contents` /
