@@ -22,7 +22,7 @@ calibrates its share to t - c shares instead, restoring the full noise against c
 noise when nobody colludes). The guarantee assumes the devices' policies are honest and their noise secret; and,
 as for SecureBuffers, that the trust stores name real devices (a server that forges members breaks both).
 
-**Accountant**: :class:`fedapp.privacy.skellam.SkellamAccountant` (the Skellam RDP bound composed over rounds,
+**Accountant**: :class:`fedapp.privacy.SkellamAccountant` (the Skellam RDP bound composed over rounds,
 Flower's protocol); z is calibrated to (epsilon, delta) over ``num_rounds`` rounds. No amplification by sampling
 is claimed: the server chooses who takes part and sees it. The run stops with Flower's ``PrivacyBudgetExhausted``
 before a round past the target; a round counts as a release as soon as its mask requests go out.
@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 from clients.distributed_dp import DDP_BETA, DDP_CLIP, DDP_SCALE, DDP_Z
 from fedapp.layout import FloatArray
 from fedapp.privacy import skellam
+from fedapp.privacy.protocol import SkellamAccountant, SkellamPrivacyEvent, no_amplification
 from strategies.wrappers import SecureBuffers, _merge_metrics
 
 __all__ = ["DistributedDP"]
@@ -111,7 +112,7 @@ class DistributedDP(SecureBuffers):
         self.z: float | None = None
         self.scale: float | None = None
         self.l1 = self.l2 = 0.0
-        self.accountant: skellam.SkellamAccountant | None = None
+        self.accountant: SkellamAccountant | None = None
         self._releases = 0
 
     # ------------------------------------------------------------------ calibration
@@ -142,12 +143,11 @@ class DistributedDP(SecureBuffers):
         if room < 0:
             raise ValueError(f"scale {scale:g} with z = {z:g}: a buffer of {members} could wrap the 2^32 ring")
         self.z, self.scale, self.l1, self.l2 = float(z), float(scale), d1, d2
-        self.accountant = skellam.SkellamAccountant(skellam.no_amplification_config(
-            self.delta, max_epsilon=self.epsilon * (1 + 1e-6)))
+        self.accountant = SkellamAccountant(no_amplification(self.delta, 1, max_epsilon=self.epsilon * (1 + 1e-6)))
 
-    def _event(self) -> skellam.SkellamPrivacyEvent | None:
+    def _event(self) -> SkellamPrivacyEvent | None:
         assert self.z is not None
-        return None if self.z == 0 else skellam.SkellamPrivacyEvent.of((self.z * self.l2) ** 2, self.l1, self.l2)
+        return None if self.z == 0 else SkellamPrivacyEvent.of((self.z * self.l2) ** 2, self.l1, self.l2)
 
     def privacy_spent(self) -> Any:
         """Flower's protocol: the (epsilon, delta) spent so far (Skellam RDP, one client), None before round 1."""

@@ -25,6 +25,7 @@ from clients.distributed_dp import DeviceSkellam
 from clients.mods import secure_buffers_mod
 from fedapp import secagg
 from fedapp.privacy import skellam
+from fedapp.privacy.protocol import SkellamAccountant, SkellamPrivacyEvent, no_amplification
 from simulations.inprocess import LocalGrid
 from strategies.distributed_dp import DistributedDP
 
@@ -89,14 +90,14 @@ def test_epsilon_conversion_equals_dp_accountings_and_calibration_meets_the_targ
 def test_the_accountant_follows_flowers_protocol() -> None:
     from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
 
-    acc = skellam.SkellamAccountant(skellam.no_amplification_config(1e-5, max_epsilon=5.0))
-    event = skellam.SkellamPrivacyEvent.of(4e6, 3e3 * 100, 3e3)
+    acc = SkellamAccountant(no_amplification(1e-5, 1, max_epsilon=5.0))
+    event = SkellamPrivacyEvent.of(4e6, 3e3 * 100, 3e3)
     acc.compose(event, 3)
     want = skellam.skellam_epsilon(4e6, 3e3 * 100, 3e3, 3, 1e-5)
     assert acc.get_privacy_spent().epsilon == pytest.approx(want, rel=1e-12)
     assert acc.get_privacy_spent().num_releases == 3
     assert acc.get_delta(acc.get_epsilon(1e-5)) <= 1e-5 * 1.0001
-    restored = skellam.SkellamAccountant(skellam.no_amplification_config(1e-5, max_epsilon=5.0))
+    restored = SkellamAccountant(no_amplification(1e-5, 1, max_epsilon=5.0))
     restored.load_state_dict(acc.state_dict())
     assert restored.get_epsilon(1e-5) == acc.get_epsilon(1e-5)
     with pytest.raises(TypeError, match="SkellamPrivacyEvent"):

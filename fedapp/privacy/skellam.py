@@ -1,6 +1,7 @@
 """The distributed Skellam mechanism (Agarwal, Kairouz & Liu, "The Skellam mechanism for differentially private
 federated learning", NeurIPS 2021): its RDP bound, (epsilon, delta), calibration, the fixed-point encoding on the
-secure aggregation's ring, and an accountant behind Flower's ``PrivacyAccountant`` protocol.
+secure aggregation's ring. Its accountant behind Flower's ``PrivacyAccountant`` protocol is
+:class:`fedapp.privacy.protocol.SkellamAccountant`.
 
 **The noise.** ``Sk(lam) = Poisson(lam) - Poisson(lam)`` per coordinate: integer, symmetric, variance ``2 lam``, and
 closed under sums (``Sk(a) + Sk(b) = Sk(a + b)``). Here a mechanism is named by the *variance* V of its total noise
@@ -43,27 +44,15 @@ largest gamma that keeps it so.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
-from flwr.supercore.privacy_accounting import (
-    GaussianPrivacyEvent,
-    NeighboringRelation,
-    PrivacyConfig,
-    SamplingMethod,
-)
 from numpy.typing import NDArray
-
-from fedapp.privacy.protocol import GaussianAccountant
 
 __all__ = [
     "ORDERS",
     "RING_BITS",
-    "SkellamAccountant",
-    "SkellamPrivacyEvent",
     "conditional_round",
     "decode_signed",
     "epsilon_of_rdp",
@@ -169,12 +158,13 @@ def l1_bound(l2: float, dim: int) -> float:
     return l2 * min(math.sqrt(dim), l2)
 
 
-def sensitivities(clip: float, scale: float, dim: int, beta: float = DEFAULT_BETA,
-                  relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE) -> tuple[float, float]:
-    """(D1, D2) in integer units of one client's encoded update; REPLACE_ONE doubles both (x - x')."""
+def sensitivities(clip: float, scale: float, dim: int, beta: float = DEFAULT_BETA, *,
+                  replace_one: bool = False) -> tuple[float, float]:
+    """(D1, D2) in integer units of one client's encoded update (zero-out / add-or-remove: the update itself);
+    ``replace_one`` doubles both (x - x')."""
     d2 = rounded_l2_bound(_positive("clip", clip) * _positive("scale", scale), dim, beta)
     d1 = l1_bound(d2, dim)
-    return (2 * d1, 2 * d2) if relation is NeighboringRelation.REPLACE_ONE else (d1, d2)
+    return (2 * d1, 2 * d2) if replace_one else (d1, d2)
 
 
 def conditional_round(x: NDArray[np.float64], bound: float, rng: np.random.Generator,
@@ -247,94 +237,3 @@ def largest_scale(clip: float, members: int, dim: int, z: float, share_count: in
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if room(mid) >= 0 else (lo, mid)
     return lo
-
-
-# ------------------------------------------------------------------------------------------------ the accountant
-@dataclass(frozen=True)
-class SkellamPrivacyEvent(GaussianPrivacyEvent):
-    """One Skellam release: Flower's event (``noise_multiplier`` = sqrt(variance) / l2, the std over the L2
-    sensitivity, as the Gaussian's) plus the total noise variance per coordinate and the integer-unit L1 and L2
-    sensitivities the bound needs."""
-
-    variance: float = 0.0
-    l1_sensitivity: float = 0.0
-    l2_sensitivity: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("variance", "l1_sensitivity", "l2_sensitivity"):
-            _positive(name, getattr(self, name))
-        if not math.isclose(self.noise_multiplier, math.sqrt(self.variance) / self.l2_sensitivity, rel_tol=1e-9):
-            raise ValueError("noise_multiplier must equal sqrt(variance) / l2_sensitivity")
-
-    @classmethod
-    def of(cls, variance: float, l1: float, l2: float, population_size: int = 1) -> SkellamPrivacyEvent:
-        return cls(noise_multiplier=math.sqrt(variance) / l2, sample_size=population_size,
-                   population_size=population_size, variance=variance, l1_sensitivity=l1, l2_sensitivity=l2)
-
-
-class SkellamAccountant(GaussianAccountant):
-    """RDP accounting of Skellam releases behind Flower's protocol: the RDP vector over :data:`ORDERS` is kept and
-    added to on each composition (O(1) per release), converted to (epsilon, delta) on demand. No amplification by
-    sampling: the server knows who took part. A plain ``GaussianPrivacyEvent`` is refused (its bound is not the
-    Skellam one)."""
-
-    method = "skellam-rdp"
-
-    def __init__(self, config: PrivacyConfig) -> None:
-        super().__init__(config)
-        self._rdp = np.zeros(len(ORDERS))
-
-    def _check_event(self, event: GaussianPrivacyEvent) -> None:
-        if not isinstance(event, SkellamPrivacyEvent):
-            raise TypeError("SkellamAccountant composes SkellamPrivacyEvent (variance and L1 / L2 sensitivities); "
-                            f"got {type(event).__name__}")
-
-    def _composed(self, event: GaussianPrivacyEvent, count: int) -> None:
-        assert isinstance(event, SkellamPrivacyEvent)
-        self._rdp = self._rdp + count * skellam_rdp(event.variance, event.l1_sensitivity, event.l2_sensitivity)
-
-    def _reset(self) -> None:
-        super()._reset()
-        self._rdp = np.zeros(len(ORDERS))
-
-    @property
-    def rdp(self) -> NDArray[np.float64]:
-        return self._rdp.copy()
-
-    def _epsilon(self, delta: float) -> float:
-        return epsilon_of_rdp(self._rdp, delta)
-
-    def _delta(self, epsilon: float) -> float:
-        a = np.asarray(ORDERS, dtype=np.float64)
-        # the same conversion solved for delta, at the best order
-        log_delta = (a - 1) * (self._rdp - epsilon + np.log((a - 1) / a)) - np.log(a)
-        return float(min(1.0, math.exp(min(0.0, float(np.min(log_delta))))))
-
-    def state_dict(self) -> dict[str, object]:
-        state = super().state_dict()
-        comps = state["compositions"]
-        assert isinstance(comps, list)
-        for item, (event, _) in zip(comps, self._compositions, strict=True):
-            assert isinstance(event, SkellamPrivacyEvent)
-            item["event"].update({"variance": event.variance, "l1_sensitivity": event.l1_sensitivity,
-                                  "l2_sensitivity": event.l2_sensitivity})
-        return state
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        fresh = copy.deepcopy(self)
-        fresh._reset()
-        items = state.get("compositions")
-        if not isinstance(items, list):
-            raise ValueError("accountant state has no compositions list")
-        plain = {**state, "compositions": []}
-        GaussianAccountant.load_state_dict(fresh, plain)
-        for item in items:
-            fresh.compose(SkellamPrivacyEvent(**item["event"]), int(item["count"]))
-        self.__dict__.update(fresh.__dict__)
-
-
-def no_amplification_config(delta: float, max_epsilon: float | None = None) -> PrivacyConfig:
-    """The config of a Skellam accountant: one client, no amplification (the server knows who took part)."""
-    return PrivacyConfig(target_delta=delta, population_size=1, neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-                         sampling_method=SamplingMethod.NO_AMPLIFICATION, max_epsilon=max_epsilon)
