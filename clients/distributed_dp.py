@@ -57,7 +57,8 @@ class DeviceSkellam:
     Parameters
     ----------
     min_noise_multiplier
-        The floor on z that the device's owner sets: a request below it is refused. 0 follows the server.
+        The floor on z that the device's owner sets: a request below it is refused. 0 follows the server, even to
+        no noise at all (z = 0, for a non-private baseline).
     max_colluders
         c: how many of its buffer-mates may collude with the server (subtract their own shares); the device's share
         is calibrated to ``t - c`` shares so that the honest survivors alone carry the full noise.
@@ -98,9 +99,9 @@ class DeviceSkellam:
             raise ValueError("distributed DP is on at this device and the request asks for no noise (no 'ddp.z')")
         z, clip, scale = _number(cfg, DDP_Z), _number(cfg, DDP_CLIP), _number(cfg, DDP_SCALE)
         beta = _number(cfg, DDP_BETA) if DDP_BETA in cfg else skellam.DEFAULT_BETA
-        if z < self.min_noise_multiplier or z <= 0:
+        if z < self.min_noise_multiplier or z < 0:  # z = 0 (no noise) passes only a device whose floor is 0
             raise ValueError(f"the request's noise multiplier z = {z:g} is below this device's floor of "
-                             f"{self.min_noise_multiplier:g} (or switches the noise off)")
+                             f"{self.min_noise_multiplier:g}")
         if clip <= 0 or scale <= 0 or not 0.0 <= beta < 1.0:
             raise ValueError(f"the request's clip {clip!r}, scale {scale!r} and beta {beta!r} must be > 0, > 0, in [0, 1)")
         shares = threshold - self.max_colluders
