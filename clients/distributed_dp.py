@@ -7,8 +7,10 @@ In a mask request the server names the mechanism: ``ddp.z`` (the noise multiplie
 noise over the L2 sensitivity, both in integer units), ``ddp.clip`` (C), ``ddp.scale`` (gamma) and ``ddp.beta``
 (conditional rounding). The device, before anything is trained:
 
-* refuses a request without them (noise switched off) or with ``z`` below its owner's floor
-  (``min_noise_multiplier``), and, with ``max_epsilon``, a release that would take its own ledger past it;
+* refuses a request without them (noise switched off), with ``z`` below its owner's floor
+  (``min_noise_multiplier``), or whose release would cost more (in RDP, at any order) than a Gaussian release at
+  that floor -- a tiny scale inflates the sensitivity by rounding and the Skellam bound's discrete term -- and,
+  with ``max_epsilon``, a release that would take its own ledger past it;
 * refuses a scale whose noisy sum could wrap the ring (:func:`fedapp.privacy.skellam.headroom`, the buffer's
   members all surviving, each adding this device's share);
 
@@ -57,8 +59,9 @@ class DeviceSkellam:
     Parameters
     ----------
     min_noise_multiplier
-        The floor on z that the device's owner sets: a request below it is refused. 0 follows the server, even to
-        no noise at all (z = 0, for a non-private baseline).
+        The floor that the device's owner sets: a request with a smaller z, or whose Skellam release costs more RDP
+        than a Gaussian release with this noise multiplier, is refused. 0 follows the server, even to no noise at
+        all (z = 0, for a non-private baseline).
     max_colluders
         c: how many of its buffer-mates may collude with the server (subtract their own shares); the device's share
         is calibrated to ``t - c`` shares so that the honest survivors alone carry the full noise.
@@ -110,6 +113,14 @@ class DeviceSkellam:
         d2 = skellam.rounded_l2_bound(clip * scale, dim, beta)
         d1 = skellam.l1_bound(d2, dim)
         variance = (z * d2) ** 2
+        if z > 0 and self.min_noise_multiplier > 0:
+            # the floor bounds the release's cost, not just z: a tiny scale inflates D2 by rounding (sqrt(d)) and
+            # the discrete surcharge grows with D1 / V, so the device requires the Skellam bound to stay below the
+            # RDP of a Gaussian release at its floor, alpha / (2 z_floor^2), at every order
+            orders = np.asarray(skellam.ORDERS, dtype=np.float64)
+            if np.any(skellam.skellam_rdp(variance, d1, d2) > orders / (2 * self.min_noise_multiplier**2)):
+                raise ValueError(f"at scale {scale:g} the release costs more than a Gaussian one at this device's floor "
+                                 f"z = {self.min_noise_multiplier:g} (rounding and discreteness): raise the scale")
         room = skellam.headroom(scale, clip, members, members * variance / shares, dim)
         if room < 0:
             raise ValueError(f"scale {scale:g}: a buffer of {members} could wrap the 2^32 ring (short by {-room:.3g})")
