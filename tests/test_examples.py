@@ -51,7 +51,7 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     "wrapped[dpsgd]": ("wrapped_fedavg", {"wrappers": "", "dpsgd-epsilon": 8.0}, 4, "accuracy", 0.3),
     # DistributedDP (secure buffers whose sums carry the devices' Skellam noise), client-level epsilon 8 at delta
     # 1e-5 over 3 rounds (z = 1.105), 24 nodes of 60 MNIST images in one buffer of 24 (t = 13), updates clipped to
-    # 0.5. Measured: 0.4455 and 0.4085 through flwr run (268 s and 421 s wall on the shared 2-core machine), 0.370
+    # 0.5. Measured: 0.4455, 0.4085, 0.3375 through flwr run (268, 421, 205 s wall on the shared 2-core machine), 0.370
     # in process (LocalGrid); in process the same clipping without noise (z = 0) 0.645 and Flower's FedAvg alone
     # 0.463; at epsilon 3 (z = 2.59) 0.104, chance
     "wrapped[distributed-dp]": ("wrapped_fedavg", {"wrappers": "distributed-dp", "min-nodes": 24, "buffer-size": 24,
