@@ -18,6 +18,7 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 from numpy.typing import NDArray
 
+from clients.distributed_dp import DDP_Z, DeviceSkellam
 from clients.secure import (
     LAST,
     NEXT_KEY,
@@ -179,7 +180,8 @@ SECURE_PROTOCOL_NAMES = (S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHO
                          S_DROPPED, S_RECORD, S_INFO, NEXT_KEY, PENDING, LAST)
 
 
-def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buffer: int = 3) -> Mod:
+def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buffer: int = 3,
+                       distributed_dp: DeviceSkellam | None = None) -> Mod:
     """The client side of :class:`strategies.wrappers.SecureBuffers`: puts the node in secure mode.
 
     In secure mode the node never sends an update in the clear, whatever a message says: a train message that is
@@ -196,9 +198,14 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
       mate survived) or their pairwise seed (the mate dropped) -- never both -- and signs its next round's key.
 
     Parameters are those of :class:`clients.secure.SecureDevice` (identity, trust store, min_buffer, default 3:
-    with 2, one colluding mate learns the other's update).
+    with 2, one colluding mate learns the other's update), and ``distributed_dp``: the device's
+    :class:`clients.distributed_dp.DeviceSkellam` policy. With it the device adds its share of Skellam noise to every
+    upload (:class:`strategies.distributed_dp.DistributedDP`) and refuses a request that asks for no noise or for
+    less than its floor. Without it, a request that names a Skellam mechanism is followed as asked (a floor of 0).
     """
     device = SecureDevice(identity, trust_store, min_buffer=min_buffer)
+    if distributed_dp is not None and not isinstance(distributed_dp, DeviceSkellam):
+        raise TypeError(f"distributed_dp must be a DeviceSkellam policy or None, got {type(distributed_dp).__name__}")
 
     def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN:
@@ -212,7 +219,7 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
                 return Message(key_reply(context.state, ident, me, str(cfg[S_RUN]), config_int(cfg, S_ROUND)),
                                reply_to=msg)
             if phase == "mask":
-                return _mask(msg, context, call_next, cfg, me, trust, device.min_buffer)
+                return _mask(msg, context, call_next, cfg, me, trust, device.min_buffer, distributed_dp)
             if phase == "unmask":
                 return Message(unmask_reply(context.state, ident, cfg, msg.content.array_records.get(S_RECORD), me,
                                             next_key=True), reply_to=msg)
@@ -225,13 +232,19 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
 
 
 def _mask(msg: Message, context: Context, call_next: ClientAppCallable, cfg: dict[str, Any], me: int, trust: Any,
-          min_buffer: int) -> Message:
-    """Check the buffer and the mates' keys, run the user's train function, upload the masked update + shares."""
+          min_buffer: int, ddp: DeviceSkellam | None = None) -> Message:
+    """Check the buffer and the mates' keys (and the noise), run the user's train function, upload the masked
+    update + shares."""
     request = accept_mask(context.state, cfg, msg.content.array_records.get(S_RECORD), me, trust, min_buffer)
-    # the user's train function sees a plain train message: the model and its own config
     sent = next(r for k, r in msg.content.array_records.items() if k != S_RECORD)
+    plan: dict[str, float] | None = None
+    if ddp is None and DDP_Z in cfg:  # no policy on this device: follow the server's mechanism
+        ddp = DeviceSkellam(min_noise_multiplier=0.0)
+    if ddp is not None:  # before anything is trained: a refused request costs nothing and reveals nothing
+        plan = ddp.plan(cfg, len(request.members), request.threshold, ArrayLayout.of(_named(sent)).dim, context.state)
+    # the user's train function sees a plain train message: the model and its own config
     ckey, _ = _config(msg)
-    plain_cfg = {k: v for k, v in cfg.items() if not k.startswith("secure.")}
+    plain_cfg = {k: v for k, v in cfg.items() if not k.startswith(("secure.", "ddp."))}
     msg.content = RecordDict({**{k: v for k, v in msg.content.items() if k not in (S_RECORD, ckey)},
                               str(ckey): ConfigRecord(plain_cfg)})
     reply = call_next(msg, context)
@@ -243,6 +256,10 @@ def _mask(msg: Message, context: Context, call_next: ClientAppCallable, cfg: dic
     layout = ArrayLayout.of(_named(sent))
     layout.check(model, what="the ClientApp's reply")
     update = layout.flatten(model) - layout.flatten(_named(sent))
-    record = mask_reply(context.state, request, update, np.random.default_rng())
+    if ddp is not None and plan is not None:
+        record = mask_reply(context.state, request, ddp.encode(update, plan, context.state), np.random.default_rng(),
+                            encoded=True)
+    else:
+        record = mask_reply(context.state, request, update, np.random.default_rng())
     # the user's metrics stay on the device: individual train metrics would leak what the masks hide
     return Message(RecordDict({S_RECORD: record, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)

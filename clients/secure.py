@@ -209,12 +209,14 @@ def accept_mask(state: RecordDict, cfg: Mapping[str, Any], peers_record: ArrayRe
                        bytes(key["sk"]))  # type: ignore[arg-type]
 
 
-def mask_reply(state: RecordDict, request: MaskRequest, x: NDArray[Any], rng: np.random.Generator) -> ArrayRecord:
+def mask_reply(state: RecordDict, request: MaskRequest, x: NDArray[Any], rng: np.random.Generator, *,
+               encoded: bool = False) -> ArrayRecord:
     """The ``secure`` record of the masked upload of ``x`` (masked, share.<mate>, commit); the round becomes the last
-    one masked, its key is used up, and what the unmask step needs is kept in ``state``."""
+    one masked, its key is used up, and what the unmask step needs is kept in ``state``. ``encoded``: x is already
+    a uint32 vector on the ring (distributed DP's encoding)."""
     me = next(c for c in request.members if c not in request.peers)
     sealed = secagg.mask_input(x, me, request.private_key, request.peers, request.threshold, request.label, rng,
-                               request.clip, request.levels)
+                               request.clip, request.levels, encoded=encoded)
     out: dict[str, NDArray[Any]] = {"masked": sealed.masked, "commit": _bytes_array(sealed.commit)}
     out.update({f"share.{cid}": _bytes_array(blob) for cid, blob in sealed.shares.items()})
     state[PENDING] = ConfigRecord({

@@ -558,16 +558,27 @@ def self_mask(seed: bytes, label: bytes, n: int) -> NDArray[np.uint32]:
 
 def threshold_masked_upload(
     x: ArrayLike, me: int, private_key: bytes, peers: Mapping[int, bytes], label: bytes, self_seed: bytes,
-    rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS,
+    rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS, *, encoded: bool = False,
 ) -> NDArray[np.uint32]:
-    """``q(x) + PRG(b) + sum_{j > me} PRG(s_j) - sum_{j < me} PRG(s_j)`` (mod 2^32), s_j = HKDF(ECDH, label, "mask")."""
+    """``q(x) + PRG(b) + sum_{j > me} PRG(s_j) - sum_{j < me} PRG(s_j)`` (mod 2^32), s_j = HKDF(ECDH, label, "mask").
+
+    With ``encoded`` x is already a uint32 vector on the ring (the caller's own encoding, e.g. the distributed
+    Skellam mechanism's signed integers mod 2^32, :mod:`fedapp.privacy.skellam`); the caller then answers for wraps.
+    """
     if not peers:
         raise ValueError("masking needs at least one buffer-mate")
-    values = np.asarray(x, dtype=np.float64)
-    if values.ndim != 1:
-        raise ValueError(f"x must be 1-D, got shape {values.shape}")
-    _check_capacity(len(peers) + 1, levels)
-    upload = quantize(values, rng, clip, levels)
+    if encoded:
+        upload = np.asarray(x)
+        if upload.dtype != np.uint32 or upload.ndim != 1:
+            raise ValueError(f"an encoded x must be a 1-D uint32 vector, got {upload.dtype} {upload.shape}")
+        upload = upload.copy()
+        values = upload
+    else:
+        values = np.asarray(x, dtype=np.float64)
+        if values.ndim != 1:
+            raise ValueError(f"x must be 1-D, got shape {values.shape}")
+        _check_capacity(len(peers) + 1, levels)
+        upload = quantize(values, rng, clip, levels)
     upload += self_mask(self_seed, label, values.size)
     for peer in sorted(peers):
         seed = derive(pairwise_key(private_key, peers[peer]), label, b"mask")
@@ -633,21 +644,22 @@ def _channel(private_key: bytes, peer_public: bytes, label: bytes) -> bytes:
 
 def mask_input(
     x: ArrayLike, me: int, private_key: bytes, peers: Mapping[int, bytes], threshold: int, label: bytes,
-    rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS,
+    rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS, *, encoded: bool = False,
 ) -> MaskedInput:
     """Step 2 of the protocol for member ``me``: y = q(x) + PRG(b) +- PRG(s_ij) (:func:`threshold_masked_upload`),
     b a fresh seed from the OS CSPRNG, Shamir-shared t-of-s over the buffer (members = ``me`` and ``peers``, share i
     for the i-th smallest id), each share for a peer encrypted under the pair's channel key with the direction
     ``me->peer`` authenticated, and the SHA-256 commitment to b.
 
-    ``peers`` are the buffer-mates' verified public keys by client id; ``rng`` draws the stochastic rounding only.
+    ``peers`` are the buffer-mates' verified public keys by client id; ``rng`` draws the stochastic rounding only;
+    ``encoded``: x is already on the ring (:func:`threshold_masked_upload`).
     """
     if me in peers:
         raise ValueError(f"client {me} is listed among its own buffer-mates")
     order = sorted([me, *peers])
     check_threshold(len(order), threshold)
     seed = os.urandom(32)
-    masked = threshold_masked_upload(x, me, private_key, peers, label, seed, rng, clip, levels)
+    masked = threshold_masked_upload(x, me, private_key, peers, label, seed, rng, clip, levels, encoded=encoded)
     shares = dict(zip(order, split_secret(seed, threshold, len(order)), strict=True))
     sealed = {cid: encrypt_share(_channel(private_key, pk, label), shares[cid], label + f"|{me}->{cid}".encode())
               for cid, pk in peers.items()}

@@ -550,6 +550,7 @@ class SecureBuffers(StrategyWrapper):
         for b, members in enumerate(buffers):
             try:
                 extra, peers = self.secure.mask_config(server_round, b, members)
+                extra.update(self.mask_extra(server_round, members))
             except ValueError as err:
                 log(WARNING, "round %d: buffer %d is skipped: %s", server_round, b, err)
                 continue
@@ -564,10 +565,19 @@ class SecureBuffers(StrategyWrapper):
                                    group_id=msg.metadata.group_id))
         return out
 
-    # ------------------------------------------------------------------ masked uploads -> buffer means
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    # ------------------------------------------------------------------ hooks of a subclass (DistributedDP)
+    def mask_extra(self, server_round: int, members: list[int]) -> dict[str, Any]:
+        """Config entries added to every mask request of a buffer (none here)."""
+        return {}
+
+    def decode_sum(self, total: NDArray[np.uint32], count: int) -> FloatArray:
+        """The mean update of a buffer from its survivors' exact sum mod 2^32 (ValueError: discard the buffer)."""
         from fedapp import secagg
 
+        return secagg.dequantize(total, count, self.clip, self.levels)
+
+    # ------------------------------------------------------------------ masked uploads -> buffer means
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         by_node = {r.metadata.src_node_id: r for r in replies}
         assert self.layout is not None
         uploads: dict[int, Upload] = {}
@@ -599,7 +609,12 @@ class SecureBuffers(StrategyWrapper):
             if buffer.buffer_id not in sums:
                 continue
             total, count = sums[buffer.buffer_id]
-            mean = secagg.dequantize(total, count, self.clip, self.levels)
+            try:
+                mean = self.decode_sum(total, count)
+            except ValueError as err:
+                log(WARNING, "round %d: buffer %d is discarded: %s", server_round, buffer.buffer_id, err)
+                failed[buffer.buffer_id] = str(err)
+                continue
             model = self.layout.unflatten(self._round["sent"] + mean, self._round["carried"])
             reply = by_node[buffer.survivors[0]]
             reply.content = RecordDict({self._round["key"]: _record(model),

@@ -1,4 +1,5 @@
-"""Differential privacy: the Gaussian mechanism with the paper's calibration, the Laplace mechanism, accountants."""
+"""Differential privacy: the Gaussian mechanism with the paper's calibration, the Laplace mechanism, the distributed
+Skellam mechanism, accountants."""
 
 from typing import TYPE_CHECKING
 
@@ -50,10 +51,17 @@ if TYPE_CHECKING:
     from fedapp.privacy.laplace import (
         laplace_scale as laplace_scale,
     )
+    from fedapp.privacy.protocol import (
+        SkellamAccountant as SkellamAccountant,
+    )
+    from fedapp.privacy.protocol import (
+        SkellamPrivacyEvent as SkellamPrivacyEvent,
+    )
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "accountants": ["PrivacyLedger"],
     "gaussian": ["Eq36Calibration", "GaussianTarget", "PrivacyTarget", "add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
                  "local_sgd_sensitivity", "per_round_epsilon_eq36", "total_privacy_eq36"],
     "laplace": ["advanced_composition", "basic_composition", "laplace_noise", "laplace_scale"],
+    "protocol": ["SkellamAccountant", "SkellamPrivacyEvent"],
 })

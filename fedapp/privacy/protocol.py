@@ -15,6 +15,9 @@ rigorous
     * :class:`PldAccountant` -- privacy loss distributions (Koskela et al. 2020; Doroshenko et al. 2022, Google's
       ``dp-accounting``): the tightest numerical bound for Gaussian releases, tighter than RDP.
     * Flower's ``RdpAccountant`` (Mironov 2017), for which :func:`rdp_accountant` is a shortcut.
+    * :class:`SkellamAccountant` -- the distributed Skellam mechanism's RDP bound (Agarwal, Kairouz & Liu 2021;
+      :mod:`fedapp.privacy.skellam`), its events :class:`SkellamPrivacyEvent` (a Gaussian event plus the noise
+      variance and the L1 / L2 sensitivities in integer units), the RDP curve kept and added to (O(1) per release).
     * :class:`ZcdpAccountant` -- zero-concentrated DP (Bun & Steinke 2016): rho = sum count / (2 z^2), converted by
       their Prop. 1.3, ``eps = rho + 2 sqrt(rho ln(1/delta))``. The named accountant of DP-IADMM and DP-RECAL.
 
@@ -36,8 +39,10 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from flwr.supercore.privacy_accounting import (
     GaussianPrivacyEvent,
     NeighboringRelation,
@@ -45,8 +50,9 @@ from flwr.supercore.privacy_accounting import (
     PrivacySpent,
     SamplingMethod,
 )
+from numpy.typing import NDArray
 
-from fedapp.privacy import gdp
+from fedapp.privacy import gdp, skellam
 
 __all__ = [
     "BasicCompositionAccountant",
@@ -54,6 +60,8 @@ __all__ = [
     "GaussianAccountant",
     "GdpAccountant",
     "PldAccountant",
+    "SkellamAccountant",
+    "SkellamPrivacyEvent",
     "ZcdpAccountant",
     "no_amplification",
     "privacy_guard",
@@ -398,3 +406,87 @@ class Eq36Accountant(BasicCompositionAccountant):
 
     def _delta(self, epsilon: float) -> float:
         return self.release_delta if epsilon >= self._epsilon(self.release_delta) else 1.0
+
+
+@dataclass(frozen=True)
+class SkellamPrivacyEvent(GaussianPrivacyEvent):
+    """One Skellam release: Flower's event (``noise_multiplier`` = sqrt(variance) / l2, the std over the L2
+    sensitivity, as the Gaussian's) plus the total noise variance per coordinate and the integer-unit L1 and L2
+    sensitivities the bound needs."""
+
+    variance: float = 0.0
+    l1_sensitivity: float = 0.0
+    l2_sensitivity: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("variance", "l1_sensitivity", "l2_sensitivity"):
+            skellam._positive(name, getattr(self, name))
+        if not math.isclose(self.noise_multiplier, math.sqrt(self.variance) / self.l2_sensitivity, rel_tol=1e-9):
+            raise ValueError("noise_multiplier must equal sqrt(variance) / l2_sensitivity")
+
+    @classmethod
+    def of(cls, variance: float, l1: float, l2: float, population_size: int = 1) -> SkellamPrivacyEvent:
+        return cls(noise_multiplier=math.sqrt(variance) / l2, sample_size=population_size,
+                   population_size=population_size, variance=variance, l1_sensitivity=l1, l2_sensitivity=l2)
+
+
+class SkellamAccountant(GaussianAccountant):
+    """RDP accounting of Skellam releases behind Flower's protocol: the RDP vector over :data:`fedapp.privacy.skellam.ORDERS` is kept and
+    added to on each composition (O(1) per release), converted to (epsilon, delta) on demand. No amplification by
+    sampling: the server knows who took part. A plain ``GaussianPrivacyEvent`` is refused (its bound is not the
+    Skellam one)."""
+
+    method = "skellam-rdp"
+
+    def __init__(self, config: PrivacyConfig) -> None:
+        super().__init__(config)
+        self._rdp = np.zeros(len(skellam.ORDERS))
+
+    def _check_event(self, event: GaussianPrivacyEvent) -> None:
+        if not isinstance(event, SkellamPrivacyEvent):
+            raise TypeError("SkellamAccountant composes SkellamPrivacyEvent (variance and L1 / L2 sensitivities); "
+                            f"got {type(event).__name__}")
+
+    def _composed(self, event: GaussianPrivacyEvent, count: int) -> None:
+        assert isinstance(event, SkellamPrivacyEvent)
+        self._rdp = self._rdp + count * skellam.skellam_rdp(event.variance, event.l1_sensitivity, event.l2_sensitivity)
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._rdp = np.zeros(len(skellam.ORDERS))
+
+    @property
+    def rdp(self) -> NDArray[np.float64]:
+        return self._rdp.copy()
+
+    def _epsilon(self, delta: float) -> float:
+        return skellam.epsilon_of_rdp(self._rdp, delta)
+
+    def _delta(self, epsilon: float) -> float:
+        a = np.asarray(skellam.ORDERS, dtype=np.float64)
+        # the same conversion solved for delta, at the best order
+        log_delta = (a - 1) * (self._rdp - epsilon + np.log((a - 1) / a)) - np.log(a)
+        return float(min(1.0, math.exp(min(0.0, float(np.min(log_delta))))))
+
+    def state_dict(self) -> dict[str, object]:
+        state = super().state_dict()
+        comps = state["compositions"]
+        assert isinstance(comps, list)
+        for item, (event, _) in zip(comps, self._compositions, strict=True):
+            assert isinstance(event, SkellamPrivacyEvent)
+            item["event"].update({"variance": event.variance, "l1_sensitivity": event.l1_sensitivity,
+                                  "l2_sensitivity": event.l2_sensitivity})
+        return state
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        fresh = copy.deepcopy(self)
+        fresh._reset()
+        items = state.get("compositions")
+        if not isinstance(items, list):
+            raise ValueError("accountant state has no compositions list")
+        plain = {**state, "compositions": []}
+        GaussianAccountant.load_state_dict(fresh, plain)
+        for item in items:
+            fresh.compose(SkellamPrivacyEvent(**item["event"]), int(item["count"]))
+        self.__dict__.update(fresh.__dict__)

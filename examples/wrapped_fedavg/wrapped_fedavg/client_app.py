@@ -9,6 +9,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from clients.distributed_dp import DeviceSkellam
 from clients.dpsgd import DeviceDPSGD
 from clients.mods import compress_mod, secure_buffers_mod
 from fedapp.secagg import NodeIdentity, TrustStore
@@ -40,9 +41,14 @@ def _mods_for(context: Context) -> list[Any]:
         mods: list[Any] = []
         if "compressed" in wrappers:
             mods.append(compress_mod())  # decodes the downlink, sends top-k of (update + error memory)
-        if "secure" in wrappers:
+        if "secure" in wrappers or "distributed-dp" in wrappers:
             pem = lambda ctx: NodeIdentity.load(Path(keys) / f"node-{ctx.node_config['partition-id']}.pem")  # noqa: E731
-            mods.append(secure_buffers_mod(identity=pem, trust_store=lambda ctx: TrustStore.load(Path(keys) / "trust.json")))
+            # distributed DP: the device adds its share of Skellam noise and refuses less than its owner's floor. A
+            # real device reads the floor from its own node config; here the run config stands in for that
+            ddp = (DeviceSkellam(min_noise_multiplier=float(context.run_config["ddp-min-noise-multiplier"]))
+                   if "distributed-dp" in wrappers else None)
+            mods.append(secure_buffers_mod(identity=pem, trust_store=lambda ctx: TrustStore.load(Path(keys) / "trust.json"),
+                                           distributed_dp=ddp))
         _MODS[(wrappers, keys)] = mods
     return _MODS[(wrappers, keys)]
 

@@ -14,6 +14,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedapp.compression.codecs import TopK
 from fedapp.robust import GeometricMedian
 from strategies.central_dp import CentralDP
+from strategies.distributed_dp import DistributedDP
 from strategies.wrappers import Compressed, Robust, SecureBuffers
 from wrapped_fedavg.task import Net, evaluate, load_test
 
@@ -26,9 +27,10 @@ def build(rc: Any) -> Any:
     n = int(rc["min-nodes"])
     strategy: Any = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n)
     wrappers = {w.strip() for w in str(rc["wrappers"]).split(",") if w.strip()}
-    unknown = wrappers - {"robust", "secure", "compressed", "central-dp"}
+    unknown = wrappers - {"robust", "secure", "compressed", "central-dp", "distributed-dp"}
     if unknown:
-        raise ValueError(f"unknown wrappers {sorted(unknown)}; choose from robust, secure, compressed, central-dp")
+        raise ValueError(f"unknown wrappers {sorted(unknown)}; choose from robust, secure, compressed, central-dp, "
+                         "distributed-dp")
     if "central-dp" in wrappers:  # client-level DP with secret Poisson sampling: it samples, so FedAvg takes all
         if len(wrappers) > 1:
             raise ValueError("wrappers: central-dp goes alone around FedAvg (it clips and noises the plain updates)")
@@ -41,6 +43,13 @@ def build(rc: Any) -> Any:
     if "compressed" in wrappers:
         strategy = Compressed(strategy, uplink=TopK(float(rc["uplink-fraction"])),
                               downlink=TopK(float(rc["downlink-fraction"])))
+    if "distributed-dp" in wrappers:  # secure buffers whose sums carry the devices' Skellam noise
+        if "compressed" in wrappers:
+            raise ValueError("wrappers: distributed-dp cannot go with compressed (masked uploads do not compress)")
+        z = float(rc["ddp-noise-multiplier"])
+        return DistributedDP(strategy, epsilon=float(rc["dp-epsilon"]), delta=float(rc["dp-delta"]),
+                             num_rounds=int(rc["num-server-rounds"]), clip_norm=float(rc["dp-clip"]),
+                             buffer_size=int(rc["buffer-size"]), noise_multiplier=z if z >= 0 else None)
     if "secure" in wrappers:
         strategy = SecureBuffers(strategy, buffer_size=int(rc["buffer-size"]))
     return strategy
@@ -69,10 +78,11 @@ def main(grid: Grid, context: Context) -> None:
                 totals[k] = totals.get(k, 0.0) + float(v)
     last = result.train_metrics_clientapp[max(result.train_metrics_clientapp)] if result.train_metrics_clientapp else {}
     privacy: dict[str, Any] = {}
-    if hasattr(strategy, "privacy_spent"):  # central DP: the server's accountant (PLD, one client)
+    if hasattr(strategy, "privacy_spent"):  # central / distributed DP: the server's accountant (one client)
         spent = strategy.privacy_spent()
         privacy = {"epsilon": spent.epsilon, "delta": spent.delta, "accountant": spent.accounting_method,
-                   "unit": "client", "releases": float(last.get("central_dp.releases", 0.0))}
+                   "unit": "client", "releases": float(spent.num_releases),
+                   "noise_multiplier": float(getattr(strategy, "z", 0.0) or 0.0)}
     elif "dp_epsilon" in last:  # DP-SGD on the devices: their own ledgers (the same on every device here)
         privacy = {"epsilon": float(last["dp_epsilon"]), "delta": float(rc["dp-delta"]), "accountant": "rdp (Opacus)",
                    "unit": "record"}
