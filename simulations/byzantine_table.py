@@ -336,9 +336,11 @@ def fedrep_rules(f: int, n_clients: int = N) -> dict[str, Any]:
 
 
 def fedrep_start(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, rounds: int = ROUNDS, *,
-                 seed: int = 0, n: int = N, board: dict[str, Any] | None = None) -> Any:
+                 seed: int = 0, n: int = N, board: dict[str, Any] | None = None,
+                 fraction: float | None = FEDREP_FRACTION) -> Any:
     """One masked-FedREP run of the table's task (``n`` clients, partitions 0..f-1 Byzantine); returns the strategy
-    after ``rounds`` rounds. ``board`` receives what the adversary saw last (``"honest"``: the honest g[I^t])."""
+    after ``rounds`` rounds. ``board`` receives what the adversary saw last (``"honest"``: the honest g[I^t]);
+    ``fraction`` is ConSpar's K/d (None: every coordinate, k = d, i.e. SHARE)."""
     import torch
     from flwr.app import ArrayRecord
 
@@ -350,7 +352,7 @@ def fedrep_start(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, r
     byz, board = set(range(f)), {} if board is None else board
     torch.manual_seed(0)
     net = torch.nn.Linear(784, 10)
-    strategy = FedREP(min_available_nodes=n, conspar=ConSpar(FEDREP_FRACTION), buffer_size=FEDREP_S, masked=True,
+    strategy = FedREP(min_available_nodes=n, conspar=None if fraction is None else ConSpar(fraction), buffer_size=FEDREP_S, masked=True,
                       aggregator=aggregator, lr=LR, momentum=0.0, local_steps=PER // BATCH, batch_size=BATCH,
                       seed=seed, reproducible_buffers=True)
     app = _fedrep_app(train, order, byz if forge is not None else set(), byz if flip else set(), forge, board, n)
@@ -360,11 +362,11 @@ def fedrep_start(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, r
 
 
 def run_fedrep(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, rounds: int = ROUNDS, *,
-               seed: int = 0, n: int = N) -> float:
+               seed: int = 0, n: int = N, fraction: float | None = FEDREP_FRACTION) -> float:
     """Final test accuracy of one masked-FedREP cell (same task and budget as :func:`run_one`)."""
     import torch
 
-    strategy = fedrep_start(aggregator, attack, f, data, rounds, seed=seed, n=n)
+    strategy = fedrep_start(aggregator, attack, f, data, rounds, seed=seed, n=n, fraction=fraction)
     net = torch.nn.Linear(784, 10)
     net.load_state_dict(strategy.current_arrays().to_torch_state_dict())
     with torch.no_grad():
