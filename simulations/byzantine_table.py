@@ -16,6 +16,10 @@ from the global model, 15 rounds, accuracy on the first 2,000 test images after 
 The omniscient adversary is simulated at the transport (:class:`AttackGrid`, SIMULATION ONLY): it lets every client
 train, then replaces the Byzantine clients' replies by ``sent model + forged update`` before the strategy sees them.
 The strategies are the library's, unchanged.
+
+FedREP's rows (``bench --suite byzantine-fedrep``, :func:`fedrep_main`): masked FedREP (strategies/fedrep.py, the
+devices in secure mode) on the same task, with the adversary at the devices instead (:func:`fedrep_start`; the
+section "FedREP's rows" below says what differs and why).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["main", "run_one"]
+__all__ = ["fedrep_gap_sources", "fedrep_main", "fedrep_rules", "fedrep_start", "main", "run_fedrep", "run_one"]
 
 N, PER, ROUNDS, LR, BATCH = 32, 200, 15, 0.1, 20
 
@@ -208,4 +212,241 @@ def main(out: Path, fs: tuple[int, ...] = (7, 3), rounds: int = ROUNDS) -> int:
     lines.append(f"wall time {wall:.0f} s")
     (out / "byzantine.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ FedREP's rows
+# FedREP (strategies/fedrep.py) on the same task: the same 32 clients and data, torch Linear(784, 10), 15 rounds of
+# I = 10 local steps of batch 20 at lr 0.1 without momentum (beta = 0: plain local SGD, one pass over the 200 images
+# per round, as the FedAvg rows' 1 epoch; the pass order is the FedREP client's own seeded permutation), server step
+# 1 (w - G~ = the aggregate of the local models, as FedAvg's). What differs, by design: ConSpar keeps K/d = 5 % of
+# the coordinates per round (k = 12 per client, error feedback), each round's clients are drawn into buffers of
+# s = 2 whose means are all the server learns (masked: the threshold secure aggregation of strategies/secure.py, the
+# devices in secure mode, values clipped to [-8, 8] and quantized to 2^22 levels), and the robust rule runs on the
+# 16 buffer means, of which up to f are contaminated (a Byzantine client's mate is honest or Byzantine).
+#
+# The omniscient adversary with masked uploads (SIMULATION ONLY). The server never sees an individual upload, so
+# the adversary cannot live at the server as the FedAvg rows' grid does. It lives with the devices: before the train
+# messages of a round are delivered, :class:`FedREPAttackGrid` reads every honest device's pending update g (saved
+# in its context.state by phase 1) on the round's consensus set I^t -- exactly the values each honest device is
+# about to mask -- and gives them to the Byzantine devices, whose ``attack`` turns them into the forged vector
+# (the same callables as the FedAvg rows'); the Byzantine device then masks that vector through the honest
+# protocol. Masked FedREP is not the plain buffer-mean mode bit for bit (tests/test_fedrep_public.py,
+# test_masked_buffers_give_the_plain_buffer_means_within_one_quantization_step: equal within two fixed-point steps,
+# and asserted different), so the rows run the masked protocol itself.
+
+FEDREP_S, FEDREP_FRACTION = 2, 0.05
+
+
+def _fedrep_app(train: tuple[Any, Any], order: Any, byzantine: set[int], poisoned: set[int],
+                forge: Callable[[Any, Any], Any] | None, board: dict[str, Any], n: int = N) -> Any:
+    """FedREP's ClientApp: FedREPClient devices in secure mode (min buffer s) training the user's torch
+    ``Linear(784, 10)``; the Byzantine ones (SIMULATION ONLY) upload ``forge(board["honest"], own g[I^t])``."""
+    import torch
+
+    from clients.fedrep import FedREPClient
+    from clients.secure import SecureDevice
+    from fedapp.attacks import ClientAttack, label_flip
+    from fedapp.secagg import NodeIdentity, TrustStore
+
+    identities = [NodeIdentity.generate() for _ in range(n)]
+    trust = TrustStore({i: ident.public_bytes() for i, ident in enumerate(identities)})
+
+    class Forged(ClientAttack):
+        """SIMULATION ONLY: the values this Byzantine device masks are the adversary's forged vector."""
+
+        def corrupt_values(self, x: Any) -> Any:
+            assert forge is not None
+            return forge(board["honest"], np.asarray(x, dtype=np.float64))
+
+    def client_fn(context: Any) -> FedREPClient:
+        pid = int(context.node_config["partition-id"])
+        mine = torch.from_numpy(order[pid * PER:(pid + 1) * PER])
+        x, y = train[0][mine], train[1][mine]
+        if pid in poisoned:  # SIMULATION ONLY: label flipping on a Byzantine client
+            y = torch.from_numpy(label_flip(y.numpy(), 10))
+        attack = Forged() if pid in byzantine and forge is not None else None
+        return FedREPClient(torch.nn.Linear(784, 10), (x, y), loss_fn=torch.nn.CrossEntropyLoss(), seed=pid,
+                            attack=attack, secure=SecureDevice(identities[pid], trust, min_buffer=FEDREP_S))
+
+    return FedREPClient.client_app(client_fn)
+
+
+def _fedrep_grid(client_app: Any, byzantine: set[int], board: dict[str, Any], n: int = N) -> Any:
+    """SIMULATION ONLY: a LocalGrid that, before delivering a round's train messages, hands the honest devices'
+    pending g[I^t] to the adversary (``board["honest"]``, rows in node order)."""
+    from flwr.app import Message
+
+    from fedapp.secagg import S_RECORD
+    from simulations.inprocess import LocalGrid
+
+    class FedREPAttackGrid(LocalGrid):
+        def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+            messages = list(messages)
+            rows = []
+            for m in sorted(messages, key=lambda m: m.metadata.dst_node_id):
+                node = m.metadata.dst_node_id
+                if m.metadata.message_type != "train" or node - 1 in byzantine:
+                    continue
+                rec = next(r for k, r in m.content.array_records.items() if k != S_RECORD)
+                idx = np.asarray(rec.to_numpy_ndarrays()[0], dtype=np.int64)
+                g = self.contexts[node].state.array_records["g"].to_numpy_ndarrays()[0].astype(np.float64)
+                rows.append(g[idx] if idx.size else g)  # empty I^t means every coordinate (k = d)
+            if rows:
+                board["honest"] = np.array(rows)
+            return super().send_and_receive(messages, timeout=timeout)
+
+    return FedREPAttackGrid(client_app, n)
+
+
+class _Then:
+    """A pre-aggregator followed by a rule, as one aggregator of an (n, d) array (FedREP takes one callable)."""
+
+    def __init__(self, pre: Any, rule: Any) -> None:
+        self.pre, self.rule = pre, rule
+
+    def __call__(self, vectors: Any) -> Any:
+        return self.rule(self.pre(vectors))
+
+    def __repr__(self) -> str:
+        return f"{self.pre!r} then {self.rule!r}"
+
+
+def fedrep_rules(f: int, n_clients: int = N) -> dict[str, Any]:
+    """FedREP's aggregators over the n = N / s buffer means, of which up to b = min(f, n) are contaminated: the
+    table's rules with b in place of f (TrimmedMean(7/16) at f = 7 is the paper's setting)."""
+    from fedapp.robust import (
+        AdaptiveCenteredClipping,
+        CoordinateMedian,
+        GeometricMedian,
+        Krum,
+        NearestNeighborMixing,
+        TrimmedMean,
+    )
+
+    n = n_clients // FEDREP_S
+    b = min(f, n - 1)
+    base = {"GeoMed": GeometricMedian(), "CoordMedian": CoordinateMedian(), "TrimmedMean": TrimmedMean(b / n),
+            "MultiKrum": Krum(b, m=n - b), "CClip (adaptive)": AdaptiveCenteredClipping()}
+    out: dict[str, Any] = {}
+    for name, rule in base.items():
+        out[f"FedREP + {name}"] = rule
+        out[f"FedREP + NNM + {name}"] = _Then(NearestNeighborMixing(b), rule)
+    return out
+
+
+def fedrep_start(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, rounds: int = ROUNDS, *,
+                 seed: int = 0, n: int = N, board: dict[str, Any] | None = None,
+                 fraction: float | None = FEDREP_FRACTION) -> Any:
+    """One masked-FedREP run of the table's task (``n`` clients, partitions 0..f-1 Byzantine); returns the strategy
+    after ``rounds`` rounds. ``board`` receives what the adversary saw last (``"honest"``: the honest g[I^t]);
+    ``fraction`` is ConSpar's K/d (None: every coordinate, k = d, i.e. SHARE)."""
+    import torch
+    from flwr.app import ArrayRecord
+
+    from fedapp.compression import ConSpar
+    from strategies.fedrep import FedREP
+
+    train, _, order = data
+    forge, flip = attack
+    byz, board = set(range(f)), {} if board is None else board
+    torch.manual_seed(0)
+    net = torch.nn.Linear(784, 10)
+    strategy = FedREP(min_available_nodes=n, conspar=None if fraction is None else ConSpar(fraction), buffer_size=FEDREP_S, masked=True,
+                      aggregator=aggregator, lr=LR, momentum=0.0, local_steps=PER // BATCH, batch_size=BATCH,
+                      seed=seed, reproducible_buffers=True)
+    app = _fedrep_app(train, order, byz if forge is not None else set(), byz if flip else set(), forge, board, n)
+    strategy.start(grid=_fedrep_grid(app, byz, board, n), initial_arrays=ArrayRecord(net.state_dict()),
+                   num_rounds=rounds)
+    return strategy
+
+
+def run_fedrep(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, rounds: int = ROUNDS, *,
+               seed: int = 0, n: int = N, fraction: float | None = FEDREP_FRACTION) -> float:
+    """Final test accuracy of one masked-FedREP cell (same task and budget as :func:`run_one`)."""
+    import torch
+
+    strategy = fedrep_start(aggregator, attack, f, data, rounds, seed=seed, n=n, fraction=fraction)
+    net = torch.nn.Linear(784, 10)
+    net.load_state_dict(strategy.current_arrays().to_torch_state_dict())
+    with torch.no_grad():
+        return float((net(data[1][0]).argmax(1) == data[1][1]).double().mean())
+
+
+def fedrep_main(out: Path, fs: tuple[int, ...] = (7, 3), rounds: int = ROUNDS, only: tuple[str, ...] | None = None,
+                columns: tuple[str, ...] | None = None) -> int:
+    """FedREP's rows (``bench --suite byzantine-fedrep``): the aggregators of :func:`fedrep_rules` (or those named
+    in ``only``) against the columns of :func:`attacks` (or ``columns``); byzantine-fedrep.json / .md in ``out``
+    (a cell not run is "-")."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.ERROR)  # not the per-run notice that reproducible buffers follow the seed
+    out.mkdir(parents=True, exist_ok=True)
+    data, t0 = _data(), time.perf_counter()
+    cells: list[dict[str, Any]] = []
+    for f in fs:
+        cols = {k: v for k, v in attacks(f).items() if (k != "none" or f == fs[0]) and (columns is None or k in columns)}
+        for rname, agg in fedrep_rules(f).items():
+            if only is not None and rname not in only:
+                continue
+            for cname, attack in cols.items():
+                # "none" is f-free, but the aggregator's b follows f: the no-attack cell runs with fs[0]'s rules
+                t1 = time.perf_counter()
+                acc = run_fedrep(agg, attack, f if cname != "none" else 0, data, rounds)
+                cells.append({"f": f if cname != "none" else 0, "rule": rname, "attack": cname, "accuracy": acc,
+                              "wall_s": round(time.perf_counter() - t1, 1)})
+                print(json.dumps(cells[-1]), flush=True)
+                (out / "byzantine-fedrep.json").write_text(json.dumps(cells, indent=1))
+    wall = time.perf_counter() - t0
+    lines = []
+    for f in fs:
+        names = [c for c in attacks(f) if c != "none"]
+        lines += [f"f = {f} of {N}:", "", "| rule | no attack | " + " | ".join(names) + " | worst drop |",
+                  "|---|" + "---|" * (len(names) + 2)]
+        for rname in dict.fromkeys(c["rule"] for c in cells):
+            def cell(attack: str, f: int, rname: str = rname) -> float | None:
+                return next((float(c["accuracy"]) for c in cells
+                             if c["rule"] == rname and c["attack"] == attack and c["f"] == f), None)
+
+            base, accs = cell("none", 0), [cell(a, f) for a in names]
+            done = [a for a in accs if a is not None]
+            drop = f"{base - min(done):+.3f}" if base is not None and len(done) == len(accs) else "-"
+            lines.append(f"| {rname} | " + " | ".join("-" if a is None else f"{a:.3f}" for a in [base, *accs])
+                         + f" | {drop} |")
+        lines.append("")
+    lines.append(f"wall time {wall:.0f} s")
+    (out / "byzantine-fedrep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def fedrep_gap_sources(out: Path) -> int:
+    """Where FedREP's gap to the in-the-clear rules comes from (README): masked runs with ConSpar's K/d = 5 % against
+    every coordinate (k = d, SHARE), the mean against NNM + adaptive CClip, no attack and IPM 10 / mimic at f = 7;
+    byzantine-fedrep-gap.json in ``out``."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedapp.robust import Mean
+
+    FLOWER_LOGGER.setLevel(logging.ERROR)
+    out.mkdir(parents=True, exist_ok=True)
+    data, nnm = _data(), fedrep_rules(7)["FedREP + NNM + CClip (adaptive)"]
+    cells: list[dict[str, Any]] = []
+    for name, agg, fraction, attack, f in [
+        ("ConSpar 5% + Mean", Mean(), FEDREP_FRACTION, "none", 0),
+        ("SHARE (k = d) + Mean", Mean(), None, "none", 0),
+        ("SHARE (k = d) + NNM + CClip (adaptive)", nnm, None, "none", 0),
+        ("SHARE (k = d) + NNM + CClip (adaptive)", nnm, None, "IPM 10", 7),
+        ("SHARE (k = d) + NNM + CClip (adaptive)", nnm, None, "mimic", 7),
+    ]:
+        t = time.perf_counter()
+        acc = run_fedrep(agg, attacks(7)[attack], f, data, fraction=fraction)
+        cells.append({"config": name, "attack": attack, "f": f, "accuracy": acc,
+                      "wall_s": round(time.perf_counter() - t, 1)})
+        print(json.dumps(cells[-1]), flush=True)
+        (out / "byzantine-fedrep-gap.json").write_text(json.dumps(cells, indent=1))
     return 0
