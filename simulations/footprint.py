@@ -95,15 +95,27 @@ def _uptime() -> float:
     return float(Path("/proc/uptime").read_text().split()[0])
 
 
-def _role(pid: int) -> str | None:
+def _cmdline(pid: int) -> str | None:
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
+        return None
+
+
+def _role(pid: int) -> str | None:
+    """What the process is; a superexec counts as the SuperNode's when its parent is a flower-supernode."""
+    cmd = _cmdline(pid)
+    if cmd is None:
         return None
     for role in ("flwr-clientapp", "flower-supernode", "flower-superexec", "flwr-serverapp", "flower-superlink"):
         if role in cmd:
-            if role == "flower-superexec" and "--plugin-type clientapp" not in cmd:
-                return "superexec-server"
+            if role == "flower-superexec":
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+                except (OSError, ValueError):
+                    return None
+                return role if "flower-supernode" in (_cmdline(ppid) or "") else "superexec-server"
             return role
     return None
 

@@ -363,3 +363,37 @@ def test_iadmm_numpy_backend_computes_the_torch_backends_products(monkeypatch: p
     monkeypatch.setenv(iadmm.BACKEND_VAR, "jax")
     with pytest.raises(ValueError, match="FEDAPP_IADMM_BACKEND"):
         iadmm.backend()
+
+
+def test_partition_command_line_on_float_features_and_the_node_config_string(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m simulations partition` for a dataset of float features (synthetic): files hold the loader's
+    features and num_classes, and a data-path node gets partition i's arrays; local_deployment's node config."""
+    from simulations.__main__ import main
+    from simulations.deploy import _node_config_arg
+
+    out = tmp_path / "syn"
+    assert main(["partition", "--dataset", "synthetic", "--num-partitions", "3", "--out", str(out),
+                 "--partitioner", "dirichlet", "--seed", "5"]) == 0
+    assert "partition_2.npz" in capsys.readouterr().out
+    cfg = parse_run_config({"algorithm": "fedavg", "dataset": "synthetic", "num-clients": 3, "clients-per-round": 3,
+                            "partitioner": "dirichlet", "seed": 5})
+    for i in range(3):
+        local, info = node_dataset(cfg, {"data-path": str(out / f"partition_{i}.npz")})
+        ref = client_dataset(cfg, i, 3)
+        np.testing.assert_array_equal(local.x, ref.x)
+        np.testing.assert_array_equal(local.y, ref.y)
+    from fedapp.task import dataset_info
+
+    want = dataset_info(cfg)
+    assert (info.num_classes, info.num_features) == (want.num_classes, want.num_features)
+    assert main(["partition", "--dataset", "synthetic", "--num-partitions", "0", "--out", str(out)]) == 2
+
+    assert _node_config_arg(1, 2, lambda i: {"data-path": f"/d/p {i}.npz"}) == \
+        'partition-id=1 num-partitions=2 data-path="/d/p 1.npz"'
+    from flwr.common.config import parse_config_args
+
+    assert parse_config_args([_node_config_arg(1, 2, lambda i: {"data-path": f"/d/p {i}.npz"})]) == \
+        {"partition-id": 1, "num-partitions": 2, "data-path": "/d/p 1.npz"}
+    with pytest.raises(ValueError, match="double quote"):
+        _node_config_arg(0, 1, lambda i: {"data-path": 'a"b'})
