@@ -43,7 +43,8 @@ FAMILIES: dict[str, tuple[dict[str, Any], str, int, dict[str, str]]] = {
     "fedpdm (numpy)": ({"algorithm": "bsdp-fedpdm"}, "iid", 0, {}),
     "iadmm (numpy)": ({"algorithm": "objpm", "model": "multinomial-nobias", "total-samples": NODES * 6000},
                       "iid", 0, {"FEDAPP_IADMM_BACKEND": "numpy"}),
-    "recal (numpy)": ({"algorithm": "dp-recal", "recal-samples": SPLIT * 1000}, "recal", 0, {}),
+    "recal (numpy)": ({"algorithm": "dp-recal", "recal-samples": SPLIT * 6000, "graph": "complete"}, "recal", 0,
+                      {}),
     "dpq (torch)": ({"algorithm": "dpq-dsgd", "model": "lenet5-valid", "num-server-rounds": 4, "graph": "complete",
                      "dpq-eval-limit": 500}, "iid", 500, {}),
     "fedrep (torch)": ({"algorithm": "fedrep", "model": "lenet5", "batch-size": 25, "local-steps": 2,
@@ -109,7 +110,7 @@ def _role(pid: int) -> str | None:
         return None
     for role in ("flwr-clientapp", "flower-supernode", "flower-superexec", "flwr-serverapp", "flower-superlink"):
         if role in cmd:
-            if role == "flower-superexec":
+            if role == "flower-superexec":  # the SuperNode's, or the SuperLink's (ServerApp side)
                 try:
                     stat = Path(f"/proc/{pid}/stat").read_text()
                     ppid = int(stat[stat.rindex(")") + 2:].split()[1])
@@ -148,7 +149,7 @@ def measure(family: str, work: Path) -> dict[str, Any]:
     os.environ.update(extra_env)  # the daemons inherit this process's environment (simulations.flower_driver)
     t0 = time.monotonic()
     try:
-        with local_deployment(NODES, flwr_home=work / f"home-{slug}", startup_timeout=120,
+        with local_deployment(NODES, flwr_home=work / f"home-{slug}", startup_timeout=300,
                               node_config=lambda i: {"data-path": str(parts / f"partition_{i}.npz")}) as dep:
             poller = Poller(dep)
             thread = threading.Thread(target=poller.run, daemon=True)
@@ -204,18 +205,45 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(out: Path, families: list[str] | None = None) -> int:
-    """Measure every family (or the given ones), print and write the table."""
+def main(out: Path, families: list[str] | None = None, attempts: int = 2) -> int:
+    """Measure every family (or the given ones, replacing their rows in an existing footprint.json), print and
+    write the table. A family whose deployment fails to start (e.g. nodes not listed online on a loaded machine) is
+    tried again, up to ``attempts`` times; a failure is reported, never turned into a row."""
+    from simulations.deploy import DeploymentError
+    from simulations.flower_driver import FlowerRunError
+
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    unknown = [f for f in families or [] if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown families {unknown}; valid: {', '.join(FAMILIES)}")
+    path = out / "footprint.json"
+    rows: dict[str, dict[str, Any]] = {}
+    if families and path.is_file():
+        rows = {r["family"]: r for r in json.loads(path.read_text())}
+    failed = []
     for family in families or list(FAMILIES):
-        print(f"[footprint] {family} ...", flush=True)
-        row = measure(family, out / "work")
-        print(f"[footprint] {json.dumps(row)}", flush=True)
-        rows.append(row)
-    (out / "footprint.json").write_text(json.dumps(rows, indent=1) + "\n")
-    md = table(rows)
+        for attempt in range(1, attempts + 1):
+            print(f"[footprint] {family} (attempt {attempt}) ...", flush=True)
+            try:
+                row = measure(family, out / "work")
+            except DeploymentError as err:  # start-up on a loaded machine: try again
+                print(f"[footprint] {family}: deployment did not start: {str(err).splitlines()[0]}", flush=True)
+                continue
+            except FlowerRunError as err:  # the run itself failed: report it, do not retry
+                print(f"[footprint] {family} failed: {str(err).splitlines()[0]}", flush=True)
+                failed.append(family)
+                break
+            print(f"[footprint] {json.dumps(row)}", flush=True)
+            rows[family] = row
+            path.write_text(json.dumps([rows[f] for f in FAMILIES if f in rows], indent=1) + "\n")
+            break
+        else:  # every attempt's deployment failed to start
+            failed.append(family)
+    ordered = [rows[f] for f in FAMILIES if f in rows]
+    md = table(ordered)
     (out / "footprint.md").write_text(md + "\n")
     print(md)
-    return 0 if all(r["status"] == "finished:completed" for r in rows) else 1
+    if failed:
+        print(f"[footprint] not measured: {', '.join(failed)}", flush=True)
+    return 0 if not failed and all(r["status"] == "finished:completed" for r in ordered) else 1
