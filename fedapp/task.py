@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedapp.config import ConfigError, RunConfig
+from fedapp.data.local_files import DATA_PATH_KEY
 from fedapp.data.partition import load_partition, partition_indices
 from fedapp.data.sources import ArrayDataset, DatasetInfo, load_dataset
 from fedapp.models.base import FloatArray, LinearModel, make_model
 
 if TYPE_CHECKING:
+    from fedapp.data.local_files import LocalFiles
     from fedapp.models.torch_net import TorchNet
 
 
@@ -36,6 +41,49 @@ def client_dataset(cfg: RunConfig, partition_id: int, num_partitions: int) -> Ar
         samples_per_client=cfg.samples_per_client or None,
         dirichlet_alpha=cfg.dirichlet_alpha,
     )
+
+
+_LOCAL: dict[tuple[str, int, int, str], LocalFiles] = {}
+
+
+def data_path_of(node_config: Mapping[str, Any]) -> str | None:
+    """The node config's ``data-path`` (None when absent or empty: the node cuts its partition by partition-id)."""
+    value = node_config.get(DATA_PATH_KEY)
+    return str(value) if value not in (None, "") else None
+
+
+def local_files(cfg: RunConfig, path: str) -> LocalFiles:
+    """The device's own files at ``path`` as dataset ``cfg.dataset``, read once per process (keyed by the file's
+    size and mtime, so that replaced files are read again). Nothing else is read: no dataset package, no other rows."""
+    from fedapp.data.local_files import load_local_files
+
+    try:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, cfg.dataset)
+    except OSError:
+        key = (path, -1, -1, cfg.dataset)  # load_local_files names the missing path
+    if key not in _LOCAL:
+        if len(_LOCAL) >= 4:
+            _LOCAL.clear()
+        _LOCAL[key] = lf = load_local_files(path, cfg.dataset)
+        logging.getLogger("flwr").info("data-path %s: %d samples", path, len(lf.train))
+    return _LOCAL[key]
+
+
+def node_dataset(cfg: RunConfig, node_config: Mapping[str, Any]) -> tuple[ArrayDataset, DatasetInfo]:
+    """The node's training data and the dataset's shape for its model.
+
+    With ``data-path`` in the node config: the device's own files only (:mod:`fedapp.data.local_files`; the
+    partition keys of the run config do not apply, they shaped the files). Otherwise partition ``partition-id`` of
+    ``num-partitions``, cut from the whole dataset (:func:`client_dataset`).
+    """
+    path = data_path_of(node_config)
+    if path is not None:
+        lf = local_files(cfg, path)
+        return lf.train, DatasetInfo(name=cfg.dataset, num_classes=lf.num_classes, num_features=lf.num_features,
+                                     source=f"node config data-path {path}")
+    pid, parts = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    return client_dataset(cfg, pid, parts), dataset_info(cfg)
 
 
 def total_train_samples(cfg: RunConfig) -> int:

@@ -149,6 +149,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "iadmm":
         iadmm_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
         return 0
+    if args.suite == "footprint":
+        from simulations.footprint import main as footprint
+
+        return footprint(Path(args.out), families=[f for f in (args.methods or "").split(",") if f] or None)
     if args.suite == "byzantine":
         from simulations.byzantine_table import main as byzantine_table
 
@@ -162,6 +166,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return dp_anchor(Path(args.out), methods=[m for m in (args.methods or "").split(",") if m] or None)
     return bench_main(Path(args.out), rounds=args.rounds)
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from simulations.partition import main as partition_main
+
+    return partition_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="wall time per round: ours vs Flower FedAvg, in-process vs Flower")
     b.add_argument("--out", default="outputs/bench")
     b.add_argument("--rounds", type=int, default=10)
-    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "byzantine", "byzantine-fedrep"),
+    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "byzantine",
+                                       "byzantine-fedrep", "footprint"),
                    default="fedpdm",
                    help="fedpdm: the seed-000 benchmark; iadmm: DP-IADMM rounds/s on MNIST, in-process vs Flower; "
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
@@ -206,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "dp-anchor: DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP vs DeviceDPSGD (about 2 h); "
                         "byzantine: robust rules around Flower's FedAvg against attacks that break the mean (~5 min); "
                         "byzantine-fedrep: masked FedREP's rows of that table (--methods picks aggregators by row "
-                        "name, e.g. 'FedREP + NNM + CClip (adaptive)'; about 7 s of CPU per cell, 10 rows of 17 cells)")
+                        "name, e.g. 'FedREP + NNM + CClip (adaptive)'; about 7 s of CPU per cell, 10 rows of 17 cells); "
+                        "footprint: a SuperNode's peak RSS and ClientApp start-to-reply per family on a real "
+                        "deployment with data-path (~10 min; --methods 'fedpdm (numpy),...' picks families)")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.add_argument("--methods", default=None,
                    help="--suite dp-anchor: run only these methods (flower,flower-client,ours,dpsgd), adding rows to "
@@ -215,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--suite fedrep only: override a task key, e.g. dataset=fashion-mnist (repeatable)")
     b.set_defaults(func=cmd_bench)
     sub.add_parser("list", help="registered algorithms and run-config keys").set_defaults(func=cmd_list)
+    from simulations.partition import build_parser as partition_parser
+
+    pp = sub.add_parser("partition", help="write one data file per device (partition_<i>.npz) for a deployment's "
+                        "node-config data-path")
+    partition_parser(pp).set_defaults(func=cmd_partition)
     return p
 
 

@@ -36,7 +36,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -341,6 +341,19 @@ def _online_nodes(connection: str, env: dict[str, str], timeout: float = 30.0) -
     return sum(1 for node in doc.get("nodes", []) if node.get("status") == "online")
 
 
+def _node_config_arg(i: int, num_nodes: int, extra: Callable[[int], Mapping[str, str | int | float]] | None) -> str:
+    """Node i's ``--node-config`` string: partition-id / num-partitions plus `extra(i)`, strings in double quotes."""
+    items: dict[str, str | int | float] = {"partition-id": i, "num-partitions": num_nodes, **(extra(i) if extra else {})}
+    parts = []
+    for key, value in items.items():
+        if isinstance(value, str):
+            if '"' in value:
+                raise ValueError(f"node config {key}={value!r}: a double quote cannot be passed to --node-config")
+            value = f'"{value}"'
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
 # ---------------------------------------------------------------------------------------------------- public API
 @contextlib.contextmanager
 def local_deployment(
@@ -352,6 +365,7 @@ def local_deployment(
     log_dir: Path | None = None,
     startup_timeout: float = 60.0,
     stop_timeout: float = 10.0,
+    node_config: Callable[[int], Mapping[str, str | int | float]] | None = None,
 ) -> Iterator[LocalDeployment]:
     """Start a SuperLink and `num_nodes` SuperNodes on 127.0.0.1; yield once all nodes are online.
 
@@ -359,6 +373,9 @@ def local_deployment(
     ----------
     num_nodes
         SuperNodes to start; node i gets node config "partition-id=i num-partitions=num_nodes".
+    node_config
+        Extra node-config items of node i (e.g. ``lambda i: {"data-path": f"parts/partition_{i}.npz"}``), added to
+        (or overriding) partition-id / num-partitions; strings are quoted for ``--node-config``.
     flwr_home
         FLWR_HOME of the CLI (its config.toml receives the connection). Use a fresh directory per deployment.
     link_port
@@ -403,7 +420,7 @@ def local_deployment(
         for i, node_port in enumerate(node_ports):
             dep._daemons.append(_spawn(f"supernode-{i}", [
                 "flower-supernode", "--insecure", "--superlink", address, "--port", str(node_port),
-                "--node-config", f"partition-id={i} num-partitions={num_nodes}",
+                "--node-config", _node_config_arg(i, num_nodes, node_config),
             ], daemon_env, logs / f"supernode-{i}.log"))
         _add_connection(flwr_home, connection, address, env)
         deadline, online = time.monotonic() + startup_timeout, None

@@ -112,13 +112,19 @@ def dpq_client(cfg: RunConfig, context: Context) -> DPQClient:
     """Node ``partition-id``'s :class:`clients.dpq.DPQClient`: the zoo network on its shard, the (limited) test set,
     the run seed as the device's seed."""
     from clients.dpq import DPQClient
+    from fedapp.task import data_path_of, local_files
 
     pid, _ = node_of(context)
-    shard = node_data(cfg, pid)
-    test = eval_data(cfg)
-    return DPQClient(build_net(cfg), ArrayData(shard.x, shard.y), context=context, seed=cfg.seed,
-                     test_data=ArrayData(test.x, test.y), eval_samples=cfg.dpq_eval_limit or None,
-                     share_model=cfg.dpq_eval_average)
+    path = data_path_of(context.node_config)
+    test: ArrayDataset | None
+    if path is None:
+        shard, test, net = node_data(cfg, pid), eval_data(cfg), build_net(cfg)
+    else:  # the device's own files: its shard, and its local test set if the npz holds one (else no test metrics)
+        lf = local_files(cfg, path)
+        shard, test, net = lf.train, lf.test, build_net(cfg, (lf.num_classes, lf.num_features))
+    return DPQClient(net, ArrayData(shard.x, shard.y), context=context, seed=cfg.seed,
+                     test_data=None if test is None else ArrayData(test.x, test.y),
+                     eval_samples=cfg.dpq_eval_limit or None, share_model=cfg.dpq_eval_average)
 
 
 def initial_arrays(cfg: RunConfig) -> ArrayRecord:
@@ -216,13 +222,16 @@ def node_data(cfg: RunConfig, partition_id: int) -> ArrayDataset:
     return shard
 
 
-def build_net(cfg: RunConfig) -> TorchNet:
-    """A fresh :class:`~fedapp.models.torch_net.TorchNet` of the configured model."""
+def build_net(cfg: RunConfig, shape: tuple[int, int] | None = None) -> TorchNet:
+    """A fresh :class:`~fedapp.models.torch_net.TorchNet` of the configured model; ``shape`` = (classes, features)
+    when known (a data-path node), else read from the dataset."""
     from fedapp.data import load_dataset
     from fedapp.models.torch_net import TorchNet
 
-    info = load_dataset(cfg.dataset, cfg.data_source)[2]
-    return TorchNet(cfg.model, info.num_classes, info.num_features)
+    if shape is None:
+        info = load_dataset(cfg.dataset, cfg.data_source)[2]
+        shape = (info.num_classes, info.num_features)
+    return TorchNet(cfg.model, *shape)
 
 
 def initial_model(cfg: RunConfig, net: TorchNet | None = None) -> dpq.FloatArray:

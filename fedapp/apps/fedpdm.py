@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context
 
-from fedapp.apps.common import calibration, codecs, federation, local_loop, node_of
+from fedapp.apps.common import calibration, codecs, federation, local_loop
 from fedapp.config import RunConfig
-from fedapp.task import build_model, client_dataset
+from fedapp.task import build_model, node_dataset
 
 if TYPE_CHECKING:
     from clients.base import FedClient
@@ -54,17 +54,18 @@ def flower_builtin_strategy(cfg: RunConfig) -> Any:
 
 
 def broadcast_client(cfg: RunConfig, context: Context) -> FedClient:
-    """The client of a seed-000 key: the run's numpy model on the node's partition, the run seed."""
+    """The client of a seed-000 key: the run's numpy model on the node's data (its ``data-path`` files, else its
+    partition), the run seed."""
     from clients.fedavg import FedAvgClient
     from clients.feddyn import FedDynClient
     from clients.fedpdm import FedPDMClient
     from clients.scaffold import ScaffoldClient
 
-    pid, parts = node_of(context)
+    data, info = node_dataset(cfg, context.node_config)
     base = cfg.algorithm.removesuffix("-sparse").removeprefix("flwr-")
     cls: type[FedClient] = {"dp-fedpdm": FedPDMClient, "bsdp-fedpdm": FedPDMClient, "fedavg": FedAvgClient,
                             "fedprox": FedAvgClient, "scaffold": ScaffoldClient, "feddyn": FedDynClient}[base]
-    return cls(build_model(cfg), client_dataset(cfg, pid, parts), context=context, seed=cfg.seed)
+    return cls(build_model(cfg, info), data, context=context, seed=cfg.seed)
 
 
 

@@ -35,12 +35,13 @@ from numpy.typing import NDArray
 from fedapp.apps.common import node_of
 from fedapp.config import ConfigError, RunConfig
 from fedapp.sampling import STREAM_INIT, rng_for
-from fedapp.task import build_net, client_dataset
+from fedapp.task import build_net, node_dataset
 
 if TYPE_CHECKING:
     from clients.fedrep import FedREPClient, MomentumSGDClient
     from clients.secure import SecureDevice
     from fedapp.attacks import ClientAttack, OmniscientOracle
+    from fedapp.data.sources import DatasetInfo
     from fedapp.models.torch_net import TorchNet
     from fedapp.robust import Aggregator
     from fedapp.secagg import NodeIdentity, TrustStore
@@ -67,8 +68,8 @@ def initial_weights(cfg: RunConfig, net: TorchNet) -> NDArray[np.float32]:
     return net.init(rng_for(cfg.seed, STREAM_INIT)).astype(np.float32)
 
 
-def _net_at_w0(cfg: RunConfig) -> TorchNet:
-    net = build_net(cfg)
+def _net_at_w0(cfg: RunConfig, info: DatasetInfo | None = None) -> TorchNet:
+    net = build_net(cfg, info)
     initial_weights(cfg, net)
     return net
 
@@ -165,8 +166,9 @@ def fedrep_client(cfg: RunConfig, context: Context) -> FedREPClient:
     secure mode for masked buffers (:func:`secure_device`)."""
     from clients.fedrep import FedREPClient
 
-    pid, parts = node_of(context)
-    return FedREPClient(_net_at_w0(cfg), client_dataset(cfg, pid, parts), context=context, seed=cfg.seed,
+    pid, _ = node_of(context)
+    data, info = node_dataset(cfg, context.node_config)
+    return FedREPClient(_net_at_w0(cfg, info), data, context=context, seed=cfg.seed,
                         attack=client_attack(cfg, pid), secure=secure_device(cfg, context))
 
 
@@ -232,8 +234,9 @@ def flower_robust_client(cfg: RunConfig, context: Context) -> MomentumSGDClient:
     """The node's Eq. (180) client for Flower's plain train messages (its attack if it is Byzantine)."""
     from clients.fedrep import MomentumSGDClient
 
-    pid, parts = node_of(context)
-    return MomentumSGDClient(build_net(cfg), client_dataset(cfg, pid, parts), context=context, seed=cfg.seed,
+    pid, _ = node_of(context)
+    data, info = node_dataset(cfg, context.node_config)
+    return MomentumSGDClient(build_net(cfg, info), data, context=context, seed=cfg.seed,
                              attack=client_attack(cfg, pid))
 
 

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import ArrayRecord, Context
 
-from fedapp.apps.common import node_of
 from fedapp.config import ConfigError, RunConfig
-from fedapp.task import build_model, client_dataset, total_train_samples
+from fedapp.task import build_model, node_dataset, total_train_samples
 
 if TYPE_CHECKING:
     from clients.iadmm import IADMMClient
@@ -77,12 +76,13 @@ def iadmm_strategy(cfg: RunConfig) -> ConsensusADMM:
 
 
 def iadmm_client(cfg: RunConfig, context: Context) -> IADMMClient:
-    """The agent of a seed-002 key: the run's numpy model (63) on the node's partition, the run seed."""
+    """The agent of a seed-002 key: the run's numpy model (63) on the node's data (its ``data-path`` files, else its
+    partition), the run seed."""
     from clients.iadmm import IADMMClient, OutPClient
 
-    pid, parts = node_of(context)
+    data, info = node_dataset(cfg, context.node_config)
     cls = OutPClient if cfg.algorithm == "outp" else IADMMClient
-    return cls(build_model(cfg), client_dataset(cfg, pid, parts), context=context, seed=cfg.seed,
+    return cls(build_model(cfg, info), data, context=context, seed=cfg.seed,
                noise_seed=cfg.noise_seed, device=cfg.device)
 
 

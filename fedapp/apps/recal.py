@@ -21,6 +21,7 @@ from fedapp import topology
 from fedapp.algorithms.recal import (
     MNIST_SCALINGS,
     ElasticNetProblem,
+    LocalLeastSquares,
     encode_targets,
     load_covtype_problem,
     minmax_scale,
@@ -49,6 +50,7 @@ __all__ = [
     "evaluate_fn",
     "initial_model",
     "load_mnist_problem",
+    "local_agent",
     "recal_client",
     "recal_problem",
     "recal_strategy",
@@ -192,15 +194,34 @@ def recal_client(cfg: RunConfig, context: Context) -> LocalProblemAgent:
     """The node's agent: its partition of the run's problem (least squares, L_i from its data), the noise seed."""
     from clients.recal import RecalClient
     from clients.recal_baselines import NidsClient, PGExtraClient, RWAdmmClient
+    from fedapp.task import data_path_of
 
     pid, parts = node_of(context)
+    cls: type[LocalProblemAgent] = {"dp-recal": RecalClient, "dp-pg-extra": PGExtraClient, "dp-nids": NidsClient,
+                                    "dp-rw-admm": RWAdmmClient}[cfg.algorithm]
+    path = data_path_of(context.node_config)
+    if path is not None:  # the device's own rows (python -m simulations partition --partitioner recal writes them)
+        return cls(local_agent(cfg, path), seed=cfg.noise_seed, context=context)
     problem = recal_problem(cfg)
     if parts != problem.n or not 0 <= pid < problem.n:
         raise ValueError(f"node partition-id={pid} num-partitions={parts} does not fit the run's {problem.n} agents "
                          "(num-clients)")
-    cls: type[LocalProblemAgent] = {"dp-recal": RecalClient, "dp-pg-extra": PGExtraClient, "dp-nids": NidsClient,
-                                    "dp-rw-admm": RWAdmmClient}[cfg.algorithm]
     return cls(problem.agents[pid], seed=cfg.noise_seed, context=context)
+
+
+def local_agent(cfg: RunConfig, path: str) -> LocalLeastSquares:
+    """A data-path node's least squares (B_i, b_i) from its own files, built as :func:`load_mnist_problem` builds
+    every agent's (pixels / 255 without the bias column, spec A6 targets): rows in the files' order, so the
+    partition command's recal split gives agent i exactly its rows of the shared problem."""
+    from fedapp.task import local_files
+
+    if cfg.dataset != "mnist":
+        raise ConfigError(f"node config data-path applies to {cfg.algorithm} on dataset 'mnist' only, not "
+                          f"{cfg.dataset!r}")
+    lf = local_files(cfg, path)
+    feats = np.asarray(lf.train.x[:, :-1], dtype=np.float64)  # drop the bias column, as load_mnist_problem does
+    targets = encode_targets(lf.train.y, cfg.label_mode, lf.num_classes, positive=(0, 2, 4, 6, 8))
+    return LocalLeastSquares(feats, targets)
 
 
 # ---------------------------------------------------------------------------------------------- run-config rules

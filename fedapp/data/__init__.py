@@ -5,6 +5,7 @@
 * :mod:`fedapp.data.partition`: IID / Dirichlet / label-k (flwr-datasets) and the paper's split.
 * :mod:`fedapp.data.synthetic`: small seeded datasets for tests and fast runs.
 * :mod:`fedapp.data.femnist`: FEMNIST (online only), one LEAF writer per client.
+* :mod:`fedapp.data.local_files`: a device's own files (node config ``data-path``): npz, IDX, images, flwr-datasets.
 """
 
 from typing import TYPE_CHECKING
@@ -12,6 +13,12 @@ from typing import TYPE_CHECKING
 from fedapp.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from fedapp.data.local_files import (
+        LocalDataError as LocalDataError,
+    )
+    from fedapp.data.local_files import (
+        load_local_files as load_local_files,
+    )
     from fedapp.data.partition import (
         SCHEMES as SCHEMES,
     )
@@ -71,6 +78,7 @@ if TYPE_CHECKING:
     )
 
 __getattr__, __all__ = lazy_exports(__name__, {
+    "local_files": ["LocalDataError", "load_local_files"],
     "partition": ["SCHEMES", "clear_partition_cache", "largest_remainder", "load_partition", "paper_partition",
                   "partition_indices"],
     "sources": ["REAL_DATASETS", "SOURCES", "ArrayDataset", "DatasetInfo", "clear_dataset_cache", "dataset_names",

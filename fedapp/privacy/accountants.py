@@ -26,28 +26,54 @@ sensitivity bound (35) is worst-case over mini-batches, so each participation is
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import math
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 __all__ = ["PrivacyLedger"]
 
 
-def _rdp_orders() -> list[float]:
-    from opacus.accountants import RDPAccountant
+#: Opacus's RDPAccountant.DEFAULT_ALPHAS (opacus 1.5), written out: importing opacus.accountants imports torch
+RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + [float(a) for a in range(12, 64)])
 
-    return [float(a) for a in RDPAccountant.DEFAULT_ALPHAS]
+
+def _rdp_orders() -> list[float]:
+    return list(RDP_ORDERS)
+
+
+@functools.cache
+def opacus_rdp() -> ModuleType:
+    """Opacus's RDP analysis module (``opacus.accountants.analysis.rdp``: numpy and scipy only), loaded without
+    running ``opacus/__init__``, which imports torch: a numpy-only device composes its ledger without torch.
+
+    The module already imported (e.g. by a torch client) is reused; otherwise its file is executed under a private
+    name, so nothing of ``opacus`` enters ``sys.modules``.
+    """
+    name = "opacus.accountants.analysis.rdp"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec("opacus")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the privacy ledger needs opacus (its RDP analysis): pip install opacus")
+    path = Path(next(iter(spec.submodule_search_locations))) / "accountants" / "analysis" / "rdp.py"
+    mod_spec = importlib.util.spec_from_file_location("_fedapp_opacus_rdp", path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise ModuleNotFoundError(f"cannot load Opacus's RDP analysis from {path}")
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
 
 
 @functools.lru_cache(maxsize=256)
 def _release_rdp(z: float) -> tuple[float, ...]:
     """RDP of one Gaussian release with noise multiplier z at Opacus's default orders (sample rate 1)."""
-    from opacus.accountants.analysis.rdp import compute_rdp
-
-    return tuple(float(v) for v in compute_rdp(q=1.0, noise_multiplier=z, steps=1, orders=_rdp_orders()))
+    return tuple(float(v) for v in opacus_rdp().compute_rdp(q=1.0, noise_multiplier=z, steps=1, orders=_rdp_orders()))
 
 
 def _check_delta(delta: float) -> None:
@@ -169,12 +195,10 @@ class PrivacyLedger:
             return 0.0
         if not math.isfinite(self.inv_sq_sum):
             return math.inf
-        from opacus.accountants.analysis.rdp import get_privacy_spent
-
         with warnings.catch_warnings():
             # Opacus warns when the best order is at the edge of the grid; the bound is still valid, only looser.
             warnings.filterwarnings("ignore", message="Optimal order is the")
-            eps, _ = get_privacy_spent(orders=_rdp_orders(), rdp=self.rdp, delta=target)
+            eps, _ = opacus_rdp().get_privacy_spent(orders=_rdp_orders(), rdp=self.rdp, delta=target)
         return float(eps)
 
     def to_record(self) -> dict[str, list[float] | float]:

@@ -774,9 +774,10 @@ class ActivationLedger:
             return 0.0
         if math.isinf(rho):
             return math.inf
-        # Imported lazily: importing opacus pulls in torch, which the numpy-only paths never need.
-        from opacus.accountants.analysis.rdp import get_privacy_spent
+        # Opacus's RDP analysis without the opacus package (which imports torch): numpy-only paths never need torch.
+        from fedapp.privacy.accountants import opacus_rdp
 
+        get_privacy_spent = opacus_rdp().get_privacy_spent
         with warnings.catch_warnings():
             # Opacus warns when the best order is at the edge of the grid; the bound is still valid, only looser.
             warnings.filterwarnings("ignore", message="Optimal order is the")
