@@ -30,7 +30,7 @@ from fedapp.privacy.dpq import DPQLedger
 from fedapp.runner import build_strategy, finish
 from fedapp.wire import recorddict_nbytes
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
-from strategies.base import RoundFailed
+from strategies.base import RUN_TOKEN_KEY, RoundFailed
 from strategies.dpq import DPQDSGD, RUN_KEYS
 
 BASE: dict[str, Any] = {
@@ -97,7 +97,7 @@ def test_routing_integer_uploads_and_the_ledger() -> None:
         assert json.loads(str(config["neighbours"])) == nbrs and json.loads(str(config["weights"])) == [1 / 3] * 2
         assert int(config["dpq-k"]) == 1 and int(config["agent-id"]) == pid and config["self-weight"] == pytest.approx(1 / 3)
         assert set(config) == {"neighbours", "weights", "self-weight", "msg-round", "agent-id", "dpq-k", "dpq-eval",
-                               "dpq-share-state", "server-round", "layout-crc", "dim", *RUN_KEYS}
+                               "dpq-share-state", "server-round", "layout-crc", "dim", RUN_TOKEN_KEY, *RUN_KEYS}
         # the strategy is the single source of truth: every run constant the nodes use travels in the message
         assert (config["dpq-alpha-hat"], config["dpq-beta-hat"], config["dpq-batch-size"], config["dpq-q-step"],
                 config["dpq-noise"], config["dpq-horizon"]) == (s.params.alpha_hat, s.params.beta_hat, 50, 1.0, True,
