@@ -211,13 +211,22 @@ class _LogFollower:
         self.reader.join(timeout=5)
 
 
-def _wait_run_id(dep: LocalDeployment, worker: threading.Thread, timeout: float) -> int | None:
-    """The id of the run the SuperLink created (its log says so); None if the worker ended first."""
+def _log_size(dep: LocalDeployment) -> int:
+    try:
+        return (dep.log_dir / "superlink.log").stat().st_size
+    except OSError:
+        return 0
+
+
+def _wait_run_id(dep: LocalDeployment, worker: threading.Thread, timeout: float, offset: int = 0) -> int | None:
+    """The id of the run the SuperLink created after byte ``offset`` of its log; None if the worker ended first."""
     log = dep.log_dir / "superlink.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            m = CREATED_RUN.search(log.read_text(errors="replace"))
+            with log.open("rb") as fh:
+                fh.seek(offset)
+                m = CREATED_RUN.search(fh.read().decode(errors="replace"))
         except OSError:
             m = None
         if m is not None:
@@ -245,13 +254,15 @@ def run_with_faults(dep: LocalDeployment, overrides: Mapping[str, Any], out_dir:
                                     timeout=timeout)
         except FlowerRunError as err:
             box["error"] = err
+        except subprocess.TimeoutExpired:
+            box["error"] = FlowerRunError(f"the run did not finish within {timeout:.0f} s")
 
-    t0 = time.monotonic()
+    t0, offset = time.monotonic(), _log_size(dep)  # a run submitted from now on is ours
     worker = threading.Thread(target=drive, name="flwr-run", daemon=True)
     worker.start()
     events: list[FaultEvent] = []
     lines: list[str] = []
-    run_id = _wait_run_id(dep, worker, timeout=120.0)
+    run_id = _wait_run_id(dep, worker, timeout=120.0, offset=offset)
     follower = _LogFollower(run_id, dep) if run_id is not None else None
     current, restart_at = 0, None
     try:

@@ -9,11 +9,13 @@ every algorithm needs the same way:
   dtypes as given; integer entries carried unchanged). No model name or dimension is needed up front;
 * **the federation**: waiting for ``min_available_nodes``, learning which node is which client (a
   ``query.whoami`` that our client apps answer with the node's ``partition-id``; nodes that cannot answer get ids
-  by the order of their node ids), and seeded sampling of ``fraction_train`` of them per round;
+  by the order of their node ids), seeded sampling of ``fraction_train`` of them per round, and giving a client
+  whose node went offline to a new node reporting its partition-id (a restarted SuperNode, :meth:`readmit`);
 * **the messages**: the config each client receives carries every algorithmic value it needs (the strategy is
   the single source of truth); the user's ``train_config`` is merged in;
 * **untrusted replies**: each reply is validated before it touches state (arrays and metrics present, metric
-  values typed and finite, then the algorithm's own decoding); a bad reply is logged with the node id and costs
+  values typed and finite, then the algorithm's own decoding); a bad reply is logged with the node and client id
+  (the SuperLink's own "Node Unavailable" reply for a dead node included, :meth:`reply_items`) and costs
   only that reply, and a round in which no reply is accepted stops the run with :class:`RoundFailed`, quoting
   the clients' errors;
 * **bookkeeping**: bytes counted from the serialized records both ways, per-client privacy figures, central
@@ -885,11 +887,11 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """(node id, content or error text) of an exchange's replies, each attributed to the node it answers.
 
         An error reply that the SuperLink generates itself -- "Node Unavailable" when a SuperNode missed its
-        heartbeats (it died), "Message Unavailable" when the message expired -- comes from the SuperLink's node id
-        (flwr's SUPERLINK_NODE_ID), not from the node that was asked: it is attributed to the destination of the message it answers
-        (``reply_to_message_id``; the Grid sets the sent messages' ids when it pushes them), so the rejection and a
-        RoundFailed name the dead node and its client. Sent messages that got no reply at all (the exchange timed
-        out) are logged with their nodes and clients.
+        heartbeats (it died), "Message Unavailable" when the message expired -- comes from the SuperLink's own node
+        id (flwr's SUPERLINK_NODE_ID), not from the node that was asked: it is attributed to the destination of
+        the message it answers (``reply_to_message_id``; the Grid sets the sent messages' ids when it pushes them),
+        so the rejection and a RoundFailed name the dead node and its client. Sent messages that got no reply at
+        all (the exchange timed out) are logged with their nodes and clients.
         """
         dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
         asked = {m.metadata.dst_node_id for m in sent}

@@ -136,9 +136,14 @@ def test_a_node_that_comes_back_under_a_new_id_gets_its_client_back(
     assert sorted(m.metadata.dst_node_id for m in msgs) == [1000, 1002, 2001]
     assert "client 1 rejoined as node 2001 (its node 1001 went offline)" in "\n".join(
         r.getMessage() for r in caplog.records)
-    _, metrics = strategy.aggregate_train(3, replies)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, metrics = strategy.aggregate_train(3, replies)
     assert metrics is not None and metrics["clients"] == 3.0 and metrics["rejected"] == 0.0
     assert "fedpdm.dual" in contexts[2001].state.array_records
+    # the new node's ledger starts empty: 1 participation again, which the server flags
+    assert strategy.client_privacy[1]["participations"] == 1.0 and strategy.client_privacy[0]["participations"] == 3.0
+    assert "client 1 reports 1 participation(s) after 1: its privacy ledger restarted" in caplog.text
     # nothing is asked twice: a round later the stranger 2002 is not queried again
     grid.asked.clear()
     _train_round(strategy, 4, grid, contexts)
@@ -156,6 +161,70 @@ def test_a_restarted_fedrep_client_gets_the_dense_model_again(task_identity: Non
     strategy.synced = {0, 1}
     strategy.on_readmit(1, 1001, 2001)
     assert strategy.synced == {0}
+
+
+IADMM = {"algorithm": "objp", "dataset": "synthetic", "partitioner": "iid", "num-clients": 3, "clients-per-round": 3,
+         "model": "multinomial-nobias", "num-server-rounds": 5, "iadmm-epsilon": 1.0, "seed": 0}
+RECAL = {"algorithm": "dp-recal", "num-clients": 4, "clients-per-round": 4, "num-server-rounds": 6,
+         "recal-samples": 400, "seed": 0}
+
+
+def test_iadmm_stops_naming_the_dead_agent_and_a_restarted_agent_cannot_resume(task_identity: None) -> None:
+    """ObjP keeps each agent's dual on the agent and a copy on the server ((4c)): the round in which agent 1's node
+    dies stops the run naming agent 1 and node 1001; a new node for agent 1 (empty context.state) refuses round 3."""
+    from strategies.base import RoundFailed
+
+    cfg = parse_run_config(IADMM)
+    strategy = build_strategy(cfg, evaluate=False)
+    strategy.attach(NODES)
+    strategy.prepare(5)
+    contexts = _contexts(cfg, NODES)
+    grid = StubGrid(NODES.values(), contexts)
+    _, replies = _train_round(strategy, 1, grid, contexts)
+    strategy.aggregate_train(1, replies)
+    strategy.evaluate_round(1)
+    _, replies = _train_round(strategy, 2, grid, contexts, dead=[1001])
+    with pytest.raises(RoundFailed) as info:
+        strategy.aggregate_train(2, replies)
+    assert str(info.value).startswith("round 2: no accepted reply from agent(s) [1] (node(s) [1001]; DPIADMM needs "
+                                      "every agent every round")
+    assert '1x "Error: Node Unavailable' in str(info.value)
+    # the restarted node: the same partition, no state
+    contexts.update(_contexts(cfg, {1: 2001}))
+    grid.online = [1000, 1002, 2001]
+    _, replies = _train_round(strategy, 3, grid, contexts)
+    assert strategy.node_of[1] == 2001
+    refused = [r for r in replies if r.has_error()]
+    assert len(refused) == 1 and "this agent has no IADMM state (context.state) in round 3" in str(refused[0].error.reason)
+
+
+def test_recal_stops_naming_a_dead_baton_holder_after_one_retry(task_identity: None) -> None:
+    """DP-RECAL: the node of the agent that holds the baton dies; the round is retried once with the same holder,
+    then the run stops naming it (the walk cannot skip it without losing its update)."""
+    from strategies.base import RoundFailed
+
+    cfg = parse_run_config(RECAL)
+    node_of = {pid: 1000 + pid for pid in range(4)}
+    strategy = build_strategy(cfg, evaluate=False)
+    strategy.attach(node_of)
+    strategy.prepare(6)
+    contexts = _contexts(cfg, node_of)
+    grid = StubGrid(node_of.values(), contexts)
+    _, replies = _train_round(strategy, 1, grid, contexts)
+    strategy.aggregate_train(1, replies)
+    strategy.evaluate_round(1)
+    holder = strategy.holder
+    dead = node_of[holder]
+    _, replies = _train_round(strategy, 2, grid, contexts, dead=[dead])
+    strategy.aggregate_train(2, replies)  # the retry: logged, not raised
+    strategy.evaluate_round(2)
+    assert strategy.holder == holder
+    msgs, replies = _train_round(strategy, 3, grid, contexts, dead=[dead])
+    assert [m.metadata.dst_node_id for m in msgs] == [dead]
+    with pytest.raises(RoundFailed) as info:
+        strategy.aggregate_train(3, replies)
+    assert str(info.value).startswith(f"round 3: agent {holder} failed to relay the baton twice in a row: "
+                                      '2x "Error: Node Unavailable')
 
 
 def test_fault_flags_are_checked_before_anything_starts() -> None:
@@ -247,27 +316,40 @@ def test_dpq_dsgd_stops_naming_the_dead_node(tmp_path: Path) -> None:
                                    "round needs every agent")
     assert '1x "Error: Node Unavailable' in doc["error"]
     assert "\n" not in doc["error"]
+    print(f"dpq-dsgd: kill at {fr.events[0].at_s:.0f} s; {doc['error'][:120]}...")
 
 
-FEDREP = {"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 3,
-          "clients-per-round": 3, "num-server-rounds": 3, "batch-size": 25, "local-steps": 1, "buffer-size": 2,
-          "samples-per-client": 50, "secagg-mode": "masked", "seed": 0, "node-wait-s": 90}
+FEDREP = {"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
+          "clients-per-round": 4, "num-server-rounds": 2, "batch-size": 25, "local-steps": 1, "buffer-size": 2,
+          "samples-per-client": 50, "secagg-mode": "masked", "seed": 0, "node-wait-s": 300}
 
 
 @pytest.mark.deployment
 def test_fedrep_masked_leaves_the_dead_node_out_of_the_buffers(tmp_path: Path) -> None:
-    """FedREP with masked buffers (s = 2), 3 nodes: node 2 dies when round 2 starts. Its proposal is rejected
-    ("Node Unavailable", naming node and client), the two others form the round's only buffer, their masks cancel
-    and the run completes."""
-    plan = FaultPlan(kill=NodeAtRound(2, 2), signal=signal.SIGTERM)
-    fr, ids = _fault_run(tmp_path, 3, FEDREP, plan)
+    """FedREP with masked buffers (s = 2), 4 nodes: node 3 dies when round 2 starts. Its proposal is rejected
+    ("Node Unavailable", naming node and client), the three others are partitioned into one buffer of 2 (the odd
+    one sits out), their masks cancel and the run completes. node-wait-s is generous: on a loaded 2-core box four
+    ClientApps importing torch at once took over 90 s, and a proposal that misses the wait sits out the round."""
+    parse_run_config(FEDREP)  # a bad config fails here, not after a deployment started
+    plan = FaultPlan(kill=NodeAtRound(3, 2), signal=signal.SIGTERM)
+    fr, ids = _fault_run(tmp_path, 4, FEDREP, plan, timeout=900)
     assert fr.error is None, f"{fr.error}\n{fr.server_log[-3000:]}"
     doc = _doc(fr.results)
     assert doc["status"] == "completed"
     rounds = {r["round"]: r for r in doc["rounds"]}
-    for rnd in (1, 2, 3):  # 3 nodes, s = 2: one full buffer a round, the odd client sits out
-        assert rounds[rnd]["buffers"] == 1 and rounds[rnd]["discarded_buffers"] == 0
-        assert rounds[rnd]["clients"] == 2
-    assert [rounds[r]["rejected"] for r in (1, 2, 3)] == [0, 1, 1]  # the dead node's proposal, each round
-    node = ids["supernode-2.log"]
-    assert f"round 2: rejected reply from node {node} (client 2): propose: Error: Node Unavailable" in fr.server_log
+    got = [(r, rounds[r]["clients"], rounds[r]["buffers"], rounds[r]["discarded_buffers"], rounds[r]["rejected"])
+           for r in (1, 2)]
+    assert got == [(1, 4, 2, 0, 0), (2, 2, 1, 0, 1)]  # round 2: the dead node's proposal rejected, 3 left, 1 buffer
+    node = ids["supernode-3.log"]
+    assert f"round 2: rejected reply from node {node} (client 3): propose: Error: Node Unavailable" in fr.server_log
+    print(f"fedrep: kill at {fr.events[0].at_s:.0f} s; rounds {got}, wall "
+          f"{[round(rounds[r]['wall_s'], 1) for r in (1, 2)]}")
+
+
+def test_the_deploy_cli_refuses_a_bad_fault_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulations.deploy import main
+
+    assert main(["--nodes", "3", "--kill", "5@2", "--", "dataset=synthetic", "num-server-rounds=2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --kill 5@2: node must be a partition id 0..2"
+    assert main(["--nodes", "3", "--restart-after", "1", "--", "dataset=synthetic"]) == 2
+    assert "--restart / --restart-after need --kill NODE@ROUND" in capsys.readouterr().err
