@@ -65,6 +65,8 @@ class _Daemon:
     start: int  # start time from /proc (-1 where there is none): tells the process from a later one with its pid
     log: Path
     log_handle: IO[bytes] = field(repr=False)
+    argv: list[str] = field(default_factory=list, repr=False)  # as started (simulations.faults restarts with it)
+    env: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -247,7 +249,8 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> _Daemo
         handle.close()
         raise
     st = _proc_stat(proc.pid)
-    return _Daemon(name=name, proc=proc, start=st[3] if st else -1, log=log, log_handle=handle)
+    return _Daemon(name=name, proc=proc, start=st[3] if st else -1, log=log, log_handle=handle, argv=list(argv),
+                   env=env)
 
 
 def _check_started(daemons: Sequence[_Daemon]) -> None:
@@ -523,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds to wait for the nodes")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the run")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="run-config overrides (after --)")
+    from simulations.faults import add_fault_arguments
+
+    add_fault_arguments(p)  # --kill NODE@ROUND, --restart NODE@ROUND / --restart-after S
     return p
 
 
@@ -542,7 +548,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--nodes {nodes} but num-clients={overrides['num-clients']}: each node is one client")
         overrides.setdefault("clients-per-round", min(nodes, 30))
         cfg = parse_run_config(overrides)  # fail fast, before any process starts
-    except ConfigError as err:
+        from simulations.faults import fault_plan, run_faulty
+
+        plan = fault_plan(args, nodes, cfg.num_server_rounds)
+    except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _sigterm_to_exit)
@@ -554,7 +563,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[deploy] SuperLink {dep.address} + {nodes} SuperNodes online (connection {dep.connection!r}, "
                   f"logs in {dep.log_dir}); running {cfg.algorithm} on {cfg.dataset}, "
                   f"{cfg.num_server_rounds} rounds", flush=True)
-            res = run_flower(overrides, out, connection=dep.connection, env=dep.env, timeout=args.timeout)
+            if plan is None:
+                res = run_flower(overrides, out, connection=dep.connection, env=dep.env, timeout=args.timeout)
+            else:
+                res = run_faulty(dep, overrides, out, plan, args.timeout)
     except (DeploymentError, FlowerRunError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

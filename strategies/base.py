@@ -9,11 +9,13 @@ every algorithm needs the same way:
   dtypes as given; integer entries carried unchanged). No model name or dimension is needed up front;
 * **the federation**: waiting for ``min_available_nodes``, learning which node is which client (a
   ``query.whoami`` that our client apps answer with the node's ``partition-id``; nodes that cannot answer get ids
-  by the order of their node ids), and seeded sampling of ``fraction_train`` of them per round;
+  by the order of their node ids), seeded sampling of ``fraction_train`` of them per round, and giving a client
+  whose node went offline to a new node reporting its partition-id (a restarted SuperNode, :meth:`readmit`);
 * **the messages**: the config each client receives carries every algorithmic value it needs (the strategy is
   the single source of truth); the user's ``train_config`` is merged in;
 * **untrusted replies**: each reply is validated before it touches state (arrays and metrics present, metric
-  values typed and finite, then the algorithm's own decoding); a bad reply is logged with the node id and costs
+  values typed and finite, then the algorithm's own decoding); a bad reply is logged with the node and client id
+  (the SuperLink's own "Node Unavailable" reply for a dead node included, :meth:`reply_items`) and costs
   only that reply, and a round in which no reply is accepted stops the run with :class:`RoundFailed`, quoting
   the clients' errors;
 * **bookkeeping**: bytes counted from the serialized records both ways, per-client privacy figures, central
@@ -369,6 +371,12 @@ class RoundBookkeeping:
         """Keep a client's latest cumulative privacy figures (clients not sampled keep theirs)."""
         priv = {k: float(v) for k in (*self.PRIVACY_KEYS, "participations")
                 if isinstance(v := metrics.get(k), int | float)}
+        before = self.client_privacy.get(client, {}).get("participations", 0.0)
+        if before and priv.get("participations", math.inf) <= before:  # its ledger restarted: a node without the
+            # old context.state (each accepted release adds one participation, so the count must grow)
+            log(WARNING, "client %d reports %d participation(s) after %d: its privacy ledger restarted (a new node "
+                "without the old context.state), so its cumulative epsilon omits its earlier releases; give the device "
+                "a ledger file (node config privacy-ledger=<path>)", client, int(priv["participations"]), int(before))
         if priv:
             self.client_privacy[client] = priv
         self.account_release(client, metrics, int(self._acc.get("sent", 1)))
@@ -552,6 +560,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self.x: FloatArray = np.zeros(0)
         self.user_config: dict[str, Any] = {}
         self._grid: Grid | None = None
+        self._train_msgs: list[Message] = []  # the round's train messages (their ids name the node of a reply)
+        self._asked: set[int] = set()  # unknown nodes already asked who they are (readmit)
         self.init_bookkeeping(eval_every=eval_every)
         #: label of this run sent in every train message when set, kept by a resumed run (clients key their
         #: persisted state by it, so a new run never picks up an old run's state); None: not sent
@@ -825,7 +835,9 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self._acc["rejected"] = self._acc.get("rejected", 0) + 1
         self.round_errors()[why] += 1
         self.rejected_total += 1
-        log(WARNING, "round %d: rejected reply from node %s: %s", server_round, node_id, why)
+        cid = self.pid_of.get(node_id)
+        who = f"node {node_id}" if cid is None else f"node {node_id} (client {cid})"
+        log(WARNING, "round %d: rejected reply from %s: %s", server_round, who, why)
 
     def validate_reply(self, content: RecordDict) -> tuple[list[NDArray[Any]], dict[str, Any]]:
         """The generic checks every reply passes before the algorithm decodes it (DESIGN.md, trust boundaries)."""
@@ -981,17 +993,18 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """Send each sampled client its own payload (after a pre-train exchange if the algorithm has one)."""
         if not self.node_of:
             self.connect(grid)
+        else:
+            self.readmit(grid, server_round)
         self._grid = grid  # aggregate_train sends the post-train exchange, if any, through it
         self.begin_round(server_round)
         pre = self.pre_train_contents(server_round)
         if pre:
             msgs = [Message(content, dst_node_id=node, message_type=mtype) for node, mtype, content in pre]
             got = grid.send_and_receive(msgs, timeout=self.node_wait_s)
-            self.consume_pre_train(server_round, [
-                (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in got
-            ])
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
-                for node, content in self.checked_train_contents(server_round)]
+            self.consume_pre_train(server_round, self.reply_items(server_round, msgs, got, pre[0][1]))
+        self._train_msgs = [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
+                            for node, content in self.checked_train_contents(server_round)]
+        return list(self._train_msgs)
 
     def checked_train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
         """:meth:`train_contents` after the privacy budget check (both drivers send these)."""
@@ -1002,9 +1015,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Decode and aggregate (after a post-train exchange if the algorithm has one); returns the global model in
         the user's layout and the round's diagnostics."""
-        items: list[tuple[int, RecordDict | str]] = [
-            (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in replies
-        ]
+        items = self.reply_items(server_round, self._train_msgs, replies, MessageType.TRAIN)
+        self._train_msgs = []
         self.consume_replies(server_round, items)
         post = self.post_train_contents(server_round)
         if post:
@@ -1012,10 +1024,73 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                 raise RuntimeError("a post-train exchange needs the Grid of configure_train")
             msgs = [Message(content, dst_node_id=node, message_type=mtype) for node, mtype, content in post]
             got = self._grid.send_and_receive(msgs, timeout=self.node_wait_s)
-            self.consume_post_train(server_round, [
-                (r.metadata.src_node_id, str(r.error.reason) if r.has_error() else r.content) for r in got
-            ])
+            self.consume_post_train(server_round, self.reply_items(server_round, msgs, got, post[0][1]))
         return self.current_arrays(), self.round_metrics()
+
+    def reply_items(self, server_round: int, sent: Sequence[Message], replies: Iterable[Message],
+                    exchange: str) -> list[tuple[int, RecordDict | str]]:
+        """(node id, content or error text) of an exchange's replies, each attributed to the node it answers.
+
+        An error reply that the SuperLink generates itself -- "Node Unavailable" when a SuperNode missed its
+        heartbeats (it died), "Message Unavailable" when the message expired -- comes from the SuperLink's own node
+        id (flwr's SUPERLINK_NODE_ID), not from the node that was asked: it is attributed to the destination of
+        the message it answers (``reply_to_message_id``; the Grid sets the sent messages' ids when it pushes them),
+        so the rejection and a RoundFailed name the dead node and its client. Sent messages that got no reply at
+        all (the exchange timed out) are logged with their nodes and clients.
+        """
+        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+        asked = {m.metadata.dst_node_id for m in sent}
+        items: list[tuple[int, RecordDict | str]] = []
+        for r in replies:
+            node = r.metadata.src_node_id
+            if node not in asked and r.metadata.reply_to_message_id in dst_of:
+                node = dst_of[r.metadata.reply_to_message_id]
+            items.append((node, str(r.error.reason) if r.has_error() else r.content))
+        silent = sorted(asked - {node for node, _ in items})
+        if silent and len(items) < len(sent):
+            log(WARNING, "round %d: no %s reply from %s", server_round, exchange, self.describe_nodes(silent))
+        return items
+
+    def describe_nodes(self, nodes: Iterable[int]) -> str:
+        """``node 123 (client 1), node 456 (client 2)``: node ids with the client (partition) ids they serve."""
+        return ", ".join(f"node {n}" + (f" (client {self.pid_of[n]})" if n in self.pid_of else "") for n in nodes)
+
+    def readmit(self, grid: Grid, server_round: int) -> None:
+        """Give a client whose node has gone offline to a new node that reports the same partition-id.
+
+        A SuperNode that crashed and was started again with the same node config registers as a new node id
+        (without SuperNode authentication; with it, the registered id comes back online and nothing changes
+        here). Before each round the server asks the online nodes it does not know (``query.whoami``, once per
+        node) for their partition-id; a node reporting the partition of a client whose node is offline takes that
+        client's place from this round on (:meth:`on_readmit` lets the algorithm reset what it assumed about the
+        client). The new node starts with an empty ``context.state``: whatever the client kept there is lost.
+        """
+        online = set(grid.get_node_ids())
+        gone = {cid for cid, nid in self.node_of.items() if nid not in online}
+        strangers = sorted(online - set(self.pid_of) - self._asked)
+        if not gone or not strangers:
+            return
+        self._asked.update(strangers)
+        msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI)
+                for nid in strangers]
+        for reply in grid.send_and_receive(msgs, timeout=self.node_wait_s):
+            nid = reply.metadata.src_node_id
+            info = {} if reply.has_error() else dict(reply.content.config_records.get("info", ConfigRecord()))
+            pid, parts = info.get("partition-id"), info.get("num-partitions")
+            if (not isinstance(pid, int) or isinstance(pid, bool) or pid not in gone or nid not in strangers
+                    or (isinstance(parts, int) and parts != self.num_clients)):
+                continue
+            old = self.node_of[pid]
+            self.node_of[pid] = nid
+            del self.pid_of[old]
+            self.pid_of[nid] = pid
+            gone.discard(pid)
+            log(WARNING, "round %d: client %d rejoined as node %d (its node %d went offline); its context.state "
+                "starts empty", server_round, pid, nid, old)
+            self.on_readmit(pid, old, nid)
+
+    def on_readmit(self, client: int, old_node: int, new_node: int) -> None:
+        """A client now answers from a new node with an empty context.state (:meth:`readmit`); default nothing."""
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """No federated evaluation: the server evaluates the global model centrally (``evaluate_fn``)."""

@@ -188,8 +188,9 @@ class SyncRouter(GraphRouting):
         """Store every agent's new message in the outbox (unchanged); stop the run if any is missing."""
         missing = sorted(set(range(self.num_clients)) - set(updates))
         if missing:
-            raise self.round_failed(server_round, f"no valid message from agent(s) {missing} (a synchronous round "
-                                    "needs every agent: their neighbours step with it next round)")
+            raise self.round_failed(server_round, f"no valid message from agent(s) {missing} (node(s) "
+                                    f"{[self.node_of.get(c) for c in missing]}; a synchronous round needs every "
+                                    "agent: their neighbours step with it next round)")
         self.outbox = {i: list(updates[i]) for i in range(self.num_clients)}
         self.outbox_round = server_round
         self.tau += 1

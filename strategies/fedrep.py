@@ -400,6 +400,11 @@ class FedREP(FederatedStrategy):
             "I_wire": consensus.astype(np.uint32) if self.k < self.dim else np.zeros(0, dtype=np.uint32),
         }
 
+    def on_readmit(self, client: int, old_node: int, new_node: int) -> None:
+        """A restarted client holds no w^t (its context.state is empty): send it the dense model next."""
+        if self.synced is not None:
+            self.synced.discard(client)
+
     def make_buffers(self, present: list[int], server_round: int) -> tuple[list[list[int]], list[int]]:
         """S2: a fresh uniformly random partition of the present clients into buffers of size s (+ the left-out),
         from the OS CSPRNG (``reproducible_buffers=False``, default) or from (seed, round)."""
