@@ -447,7 +447,8 @@ def local_deployment(
     log_dir
         Where superlink.log and supernode-<i>.log go; default $FLWR_HOME/logs/deploy-<link_port>.
     startup_timeout
-        Seconds to wait for all nodes to be online before raising DeploymentError (with the logs' tails).
+        Seconds to wait for all nodes to be online before raising DeploymentError (with the logs' tails); in
+        secure mode the SuperLink's start and the key registration before the nodes start get as long again.
     stop_timeout
         Seconds between SIGTERM and SIGKILL on exit.
     """
@@ -486,6 +487,7 @@ def local_deployment(
         if pki is not None:  # a node whose key is not registered yet is refused for good (exit code 305)
             _wait_listening(port, dep._daemons, deadline, "the SuperLink")
             dep.node_ids = _register_keys(pki, connection, env, dep._daemons, deadline)
+            deadline = time.monotonic() + startup_timeout  # the nodes get the same time as without registration
         for i, node_port in enumerate(node_ports):
             dep._daemons.append(_spawn(f"supernode-{i}", [
                 "flower-supernode", *(pki.supernode_args(i) if pki else ["--insecure"]),
