@@ -1,18 +1,25 @@
 """A real (non-simulated) Flower deployment on loopback: one SuperLink, N SuperNodes, torn down afterwards.
 
-`local_deployment(n, flwr_home=...)` starts
+`local_deployment(n, flwr_home=...)` is secure by default: it writes a throw-away PKI with `simulations.pki` (a CA,
+the SuperLink's certificate for 127.0.0.1/localhost, one EC key per node; private keys 0600) and starts
 
-    flower-superlink --insecure --disable-runtime-dependency-installation --host 127.0.0.1 --port P
-    flower-supernode --insecure --superlink 127.0.0.1:P --port Q_i --node-config "partition-id=i num-partitions=N"
+    flower-superlink --ssl-ca-certfile ca.crt --ssl-certfile superlink.crt --ssl-keyfile superlink.key \
+                     --enable-supernode-auth --disable-runtime-dependency-installation --host 127.0.0.1 --port P
+    flwr supernode register supernode-i.pub deploy-P                          (every node's public key)
+    flower-supernode --root-certificates ca.crt --auth-supernode-private-key supernode-i \
+                     --superlink 127.0.0.1:P --port Q_i --node-config "partition-id=i num-partitions=N"
 
-(i = 0..N-1; free ports are picked when not given), registers the SuperLink as the CLI connection
-"deploy-P" in $FLWR_HOME/config.toml, waits until `flwr supernode list` shows all N nodes online, and yields a
+(i = 0..N-1; free ports are picked when not given). With `secure=False` (explicit opt-in for a trusted network)
+the daemons get `--insecure` instead and no key is registered. The SuperLink becomes the CLI connection "deploy-P"
+in $FLWR_HOME/config.toml (`root-certificates` = the CA, or `insecure = true`); the helper waits until
+`flwr supernode list` shows all N nodes online, and yields a
 `LocalDeployment` whose `connection` and `env` go straight into `run_flower(..., connection=, env=)`. On exit, even
 when the body raised, every process it started is stopped (SIGTERM, then SIGKILL after a timeout), including the
 `flower-superexec` / `flwr-serverapp` / `flwr-clientapp` processes the daemons spawned, and the connection is
 removed from config.toml again.
 
-Command line (one configuration on a fresh local deployment; run-config overrides after `--`):
+Command line (one configuration on a fresh local deployment, TLS + SuperNode authentication unless `--insecure`
+is given; run-config overrides after `--`):
 
     python -m simulations.deploy --nodes 2 -- dataset=synthetic partitioner=iid num-server-rounds=2
 
@@ -43,6 +50,7 @@ from types import FrameType
 from typing import IO, Any
 
 from simulations.flower_driver import ROOT, FlowerRunError, flwr_env, run_flower
+from simulations.pki import DeploymentPKI, generate_pki
 
 __all__ = ["DeploymentError", "LocalDeployment", "free_ports", "local_deployment", "main", "still_running"]
 
@@ -86,6 +94,10 @@ class LocalDeployment:
         The SuperLink's address, "127.0.0.1:<port>".
     node_ports
         Runtime API port of each SuperNode (index = partition id).
+    pki
+        The CA, SuperLink certificate and node keys in use; None for an insecure deployment (`secure=False`).
+    node_ids
+        Node id the SuperLink assigned to node i's registered key (index = partition id); empty when insecure.
     """
 
     connection: str
@@ -94,6 +106,8 @@ class LocalDeployment:
     flwr_home: Path
     address: str
     node_ports: list[int]
+    pki: DeploymentPKI | None = None
+    node_ids: list[int] = field(default_factory=list)
     _daemons: list[_Daemon] = field(default_factory=list, repr=False)
 
     @property
@@ -304,13 +318,18 @@ def _section_re(name: str) -> re.Pattern[str]:
     return re.compile(rf"^\[superlink\.{re.escape(name)}\][^\n]*\n(?:(?!\[)[^\n]*\n?)*", re.MULTILINE)
 
 
-def _add_connection(flwr_home: Path, name: str, address: str, env: dict[str, str]) -> None:
+def _add_connection(flwr_home: Path, name: str, address: str, env: dict[str, str],
+                    pki: DeploymentPKI | None = None) -> None:
+    """Add [superlink.<name>] to config.toml: TLS trusting `pki`'s CA, or `insecure = true` when `pki` is None."""
     cfg = flwr_home / "config.toml"
     if not cfg.exists():  # let flwr write its own defaults first (format of the installed version)
         subprocess.run(["flwr", "config", "list"], env=env, cwd=ROOT, capture_output=True, timeout=60, check=False)
     text = cfg.read_text() if cfg.exists() else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
     text = _section_re(name).sub("", text).rstrip("\n") + "\n"  # drop a stale entry of the same name
-    text += f'\n[superlink.{name}]\naddress = "{address}"\ninsecure = true\n'
+    if pki is not None:
+        text += "\n" + pki.connection_toml(name, address)
+    else:
+        text += f'\n[superlink.{name}]\naddress = "{address}"\ninsecure = true\n'
     cfg.write_text(text)
 
 
@@ -357,12 +376,65 @@ def _node_config_arg(i: int, num_nodes: int, extra: Callable[[int], Mapping[str,
     return " ".join(parts)
 
 
+def _wait_listening(port: int, daemons: Sequence[_Daemon], deadline: float, what: str) -> None:
+    """Return once 127.0.0.1:`port` accepts TCP connections; DeploymentError if a daemon died or at `deadline`."""
+    while True:
+        _check_started(daemons)
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"{what} did not listen on {port} in time\n{_tails(daemons)}") from None
+            time.sleep(0.3)
+
+
+def _register_keys(pki: DeploymentPKI, connection: str, env: dict[str, str], daemons: Sequence[_Daemon],
+                   deadline: float) -> list[int]:
+    """`flwr supernode register supernode-<i>.pub CONNECTION` for every node key (in parallel: each CLI call
+    takes seconds to import); retried until `deadline` while the SuperLink does not answer. Returns the node ids."""
+    ids: dict[int, int] = {}
+    errors: dict[int, str] = {}
+    while True:
+        _check_started(daemons)
+        procs = {
+            i: subprocess.Popen(["flwr", "supernode", "register", str(key.public_key), connection, "--format", "json"],
+                                env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+            for i, key in enumerate(pki.nodes) if i not in ids
+        }
+        for i, proc in procs.items():
+            try:
+                out, _ = proc.communicate(timeout=max(10.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            try:
+                doc = json.loads(out[out.index("{"):]) if "{" in out else {}
+            except ValueError:
+                doc = {}
+            if doc.get("success") and "node-id" in doc:
+                ids[i] = int(doc["node-id"])
+            else:
+                errors[i] = str(doc.get("error-message") or out).strip()
+        if len(ids) == len(pki.nodes):
+            return [ids[i] for i in range(len(pki.nodes))]
+        if time.monotonic() > deadline:
+            failed = "\n".join(f"  {pki.nodes[i].public_key}: {errors.get(i)}" for i in range(len(pki.nodes))
+                               if i not in ids)
+            raise DeploymentError(f"could not register the SuperNode keys with {connection}:\n{failed}\n"
+                                  f"{_tails(daemons)}")
+        time.sleep(0.5)
+
+
 # ---------------------------------------------------------------------------------------------------- public API
 @contextlib.contextmanager
 def local_deployment(
     num_nodes: int,
     *,
     flwr_home: Path,
+    secure: bool = True,
+    pki_dir: Path | None = None,
     link_port: int | None = None,
     node_base_port: int | None = None,
     log_dir: Path | None = None,
@@ -381,6 +453,13 @@ def local_deployment(
         (or overriding) partition-id / num-partitions; strings are quoted for ``--node-config``.
     flwr_home
         FLWR_HOME of the CLI (its config.toml receives the connection). Use a fresh directory per deployment.
+    secure
+        True (default): TLS with a freshly generated CA and SuperNode authentication, every node's key registered
+        with `flwr supernode register` before the node starts. False: `--insecure` daemons, for a trusted network
+        only (the opt-in must be written out).
+    pki_dir
+        Where the CA certificate, the SuperLink's certificate and key and the node keys go (secure only; the CA's
+        own key is never written); default $FLWR_HOME/pki/deploy-<link_port>. Files there are overwritten.
     link_port
         SuperLink port (Fleet, Control and Runtime APIs share it); None picks a free one.
     node_base_port
@@ -388,7 +467,8 @@ def local_deployment(
     log_dir
         Where superlink.log and supernode-<i>.log go; default $FLWR_HOME/logs/deploy-<link_port>.
     startup_timeout
-        Seconds to wait for all nodes to be online before raising DeploymentError (with the logs' tails).
+        Seconds to wait for all nodes to be online before raising DeploymentError (with the logs' tails); in
+        secure mode the SuperLink's start and the key registration before the nodes start get as long again.
     stop_timeout
         Seconds between SIGTERM and SIGKILL on exit.
     """
@@ -413,20 +493,27 @@ def local_deployment(
         "PYTHONUNBUFFERED": "1",  # logs reach the files as they happen (start-up errors, logs_tail)
     }
 
+    pki = generate_pki(pki_dir or flwr_home / "pki" / connection, num_nodes, keep_ca_key=False,
+                       overwrite=True) if secure else None
     dep = LocalDeployment(connection=connection, env=env, log_dir=logs, flwr_home=flwr_home, address=address,
-                          node_ports=node_ports)
+                          node_ports=node_ports, pki=pki)
     try:
+        deadline, online = time.monotonic() + startup_timeout, None
         dep._daemons.append(_spawn("superlink", [
-            "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(port),
+            "flower-superlink", *(pki.superlink_args() if pki else ["--insecure"]),
+            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
         ], daemon_env, logs / "superlink.log"))
+        _add_connection(flwr_home, connection, address, env, pki)
+        if pki is not None:  # a node whose key is not registered yet is refused for good (exit code 305)
+            _wait_listening(port, dep._daemons, deadline, "the SuperLink")
+            dep.node_ids = _register_keys(pki, connection, env, dep._daemons, deadline)
+            deadline = time.monotonic() + startup_timeout  # the nodes get the same time as without registration
         for i, node_port in enumerate(node_ports):
             dep._daemons.append(_spawn(f"supernode-{i}", [
-                "flower-supernode", "--insecure", "--superlink", address, "--port", str(node_port),
+                "flower-supernode", *(pki.supernode_args(i) if pki else ["--insecure"]),
+                "--superlink", address, "--port", str(node_port),
                 "--node-config", _node_config_arg(i, num_nodes, node_config),
             ], daemon_env, logs / f"supernode-{i}.log"))
-        _add_connection(flwr_home, connection, address, env)
-        deadline, online = time.monotonic() + startup_timeout, None
         while True:
             _check_started(dep._daemons)
             online = _online_nodes(connection, env, timeout=min(10.0, max(5.0, deadline - time.monotonic())))
@@ -511,7 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m simulations.deploy",
         description="Run one configuration on a fresh local Flower deployment (1 SuperLink + N SuperNodes on "
-                    "127.0.0.1, real processes, no simulation), then stop everything.",
+                    "127.0.0.1, real processes, no simulation), then stop everything. Secure by default: TLS with "
+                    "a locally generated CA and SuperNode authentication (each node's key registered with "
+                    "`flwr supernode register`).",
         epilog="example: python -m simulations.deploy --nodes 2 -- dataset=synthetic partitioner=iid "
                "num-server-rounds=2",
     )
@@ -520,6 +609,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="outputs/deploy", help="directory for results.json and accuracy.png")
     p.add_argument("--flwr-home", default=str(ROOT / ".flwr-deploy"),
                    help="FLWR_HOME for the CLI and the logs (default: .flwr-deploy, git-ignored)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--secure", dest="insecure", action="store_false",
+                      help="TLS + SuperNode authentication (the default; the flag only makes it explicit)")
+    mode.add_argument("--insecure", dest="insecure", action="store_true",
+                      help="plain-text daemons and no node authentication: only on a network you trust")
+    p.set_defaults(insecure=False)
+    p.add_argument("--pki-dir", default=None,
+                   help="where the CA certificate, SuperLink certificate and node keys go (secure mode; default "
+                        "FLWR_HOME/pki/deploy-<port>)")
     p.add_argument("--link-port", type=int, default=None, help="SuperLink port (default: a free one)")
     p.add_argument("--node-base-port", type=int, default=None,
                    help="SuperNode i listens on BASE+i (default: free ports)")
@@ -558,10 +656,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     t0 = time.time()
     try:
-        with local_deployment(nodes, flwr_home=Path(args.flwr_home), link_port=args.link_port,
+        with local_deployment(nodes, flwr_home=Path(args.flwr_home), secure=not args.insecure,
+                              pki_dir=Path(args.pki_dir) if args.pki_dir else None, link_port=args.link_port,
                               node_base_port=args.node_base_port, startup_timeout=args.startup_timeout) as dep:
+            security = (f"TLS (CA {dep.pki.ca_cert}) + SuperNode authentication, {len(dep.node_ids)} keys registered"
+                        if dep.pki else "INSECURE: no TLS, no node authentication (--insecure)")
             print(f"[deploy] SuperLink {dep.address} + {nodes} SuperNodes online (connection {dep.connection!r}, "
-                  f"logs in {dep.log_dir}); running {cfg.algorithm} on {cfg.dataset}, "
+                  f"logs in {dep.log_dir}); {security}; running {cfg.algorithm} on {cfg.dataset}, "
                   f"{cfg.num_server_rounds} rounds", flush=True)
             if plan is None:
                 res = run_flower(overrides, out, connection=dep.connection, env=dep.env, timeout=args.timeout)

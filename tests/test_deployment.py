@@ -1,6 +1,8 @@
 """A real Flower deployment on loopback: 1 SuperLink + 2 SuperNodes as separate processes, 2 rounds of BSDP-FedPDM.
 
 Uses a fresh FLWR_HOME and free ports, so it never touches the simulation SuperLink (39091) or .flwr/.
+Both runs are the explicit `insecure` opt-in (plain-text daemons, no node authentication), which keeps them as
+fast as before; tests/test_deployment_secure.py runs the secure default (TLS + registered node keys).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_deployment_secure import plain_http_reply
 
 from simulations.deploy import local_deployment, still_running
 from simulations.flower_driver import FlowerRunError, run_flower
@@ -23,9 +26,12 @@ OVERRIDES = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": 
 def test_two_supernodes_run_bsdp_fedpdm_to_completion(tmp_path: Path) -> None:
     t0 = time.monotonic()
     home = tmp_path / "flwr-home"
-    with local_deployment(2, flwr_home=home, startup_timeout=60) as dep:
+    with local_deployment(2, flwr_home=home, secure=False, startup_timeout=60) as dep:  # insecure, by name
         assert dep.env["FLWR_HOME"] == str(home.resolve()) and dep.env["FLWR_TELEMETRY_ENABLED"] == "0"
         assert f"[superlink.{dep.connection}]" in (home / "config.toml").read_text()
+        assert dep.pki is None and dep.node_ids == [] and not (home / "pki").exists()
+        # plain text answers plain HTTP (the secure test asserts the TLS SuperLink does not)
+        assert plain_http_reply(int(dep.address.rsplit(":", 1)[1])).startswith(b"HTTP/1.1 ")
         try:
             res = run_flower(OVERRIDES, tmp_path / "out", connection=dep.connection, env=dep.env, stream=False,
                              timeout=150)
@@ -71,7 +77,7 @@ def test_fedrep_with_masked_buffers_runs_on_a_real_deployment(tmp_path: Path) ->
     """FedREP's two exchanges per round (query.propose + train) between separate SuperNode processes: real key
     agreement between processes, masks that cancel only inside each buffer, sparse downlink with CRC checks."""
     home = tmp_path / "flwr-home"
-    with local_deployment(4, flwr_home=home, startup_timeout=90) as dep:
+    with local_deployment(4, flwr_home=home, secure=False, startup_timeout=90) as dep:  # insecure, by name
         try:
             res = run_flower(FEDREP, tmp_path / "out", connection=dep.connection, env=dep.env, stream=False,
                              timeout=300)
