@@ -30,8 +30,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHECKPOINT_DIR", "CheckpointError", "config_differences", "decode_state", "encode_state",
-           "read_checkpoint", "write_checkpoint"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CheckpointError",
+    "atomic_write",
+    "config_differences",
+    "decode_state",
+    "encode_state",
+    "read_checkpoint",
+    "write_checkpoint",
+]
 
 #: sub-directory of out-dir that holds the checkpoint
 CHECKPOINT_DIR = "checkpoint"
@@ -99,7 +107,7 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, list | tuple) else key
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory, fsync'ed, then os.replace."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
@@ -126,10 +134,10 @@ def write_checkpoint(out: Path, server_round: int, run_config: Mapping[str, Any]
     np.savez(buf, **arrays)  # type: ignore[arg-type]
     blob = buf.getvalue()
     npz = f"arrays-{server_round:06d}.npz"
-    _atomic_write(ckpt / npz, blob)
+    atomic_write(ckpt / npz, blob)
     doc = {"format": FORMAT, "round": server_round, "run_config": dict(run_config), "arrays": npz,
            "arrays_sha256": hashlib.sha256(blob).hexdigest(), "state": encoded, **dict(extra or {})}
-    _atomic_write(ckpt / STATE_FILE, json.dumps(doc, indent=1, allow_nan=False).encode())
+    atomic_write(ckpt / STATE_FILE, json.dumps(doc, indent=1, allow_nan=False).encode())
     for old in ckpt.glob("arrays-*.npz"):  # the state.json in place no longer names them
         if old.name != npz:
             old.unlink(missing_ok=True)

@@ -10,9 +10,7 @@ in-process driver calls it with the same RecordDicts. An exception becomes an er
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 import traceback
 from functools import lru_cache
 from logging import ERROR, INFO
@@ -124,19 +122,12 @@ def persist_state(context: Context, folder: Path, server_round: int) -> None:
     """Write context.state as this round's snapshot (temporary file + os.replace), then drop older snapshots."""
     from flwr.common.serde import recorddict_to_proto
 
+    from fedapp.checkpoint import atomic_write
+
     folder.mkdir(parents=True, exist_ok=True)
     blob = recorddict_to_proto(context.state).SerializeToString()
     target = folder / f"round-{server_round:06d}.state"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, blob)
     for rnd in sorted(_snapshots(folder))[:-KEEP_SNAPSHOTS]:
         (folder / f"round-{rnd:06d}.state").unlink(missing_ok=True)
 
