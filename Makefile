@@ -38,7 +38,7 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check fedapp strategies clients simulations tests examples
+	$(VENV)/bin/ruff check fedpdm_flower simulations tests examples
 	$(VENV)/bin/mypy
 
 bench: setup

@@ -10,8 +10,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from fedapp.config import ConfigError, RunConfig, debug_enabled, known_keys, parse_run_config
-from fedapp.registry import ALGORITHMS
+from fedpdm_flower.fedapp.config import ConfigError, RunConfig, debug_enabled, known_keys, parse_run_config
+from fedpdm_flower.fedapp.registry import ALGORITHMS
 
 #: exit codes: a run config rejected before any round ran, and a run that failed or stopped early
 EXIT_CONFIG, EXIT_FAILED = 2, 1
@@ -41,14 +41,14 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedapp.runner import RunFailed, prepare_out_dir, resolve_out_dir, run_to_results, summary_lines
+    from fedpdm_flower.fedapp.runner import RunFailed, prepare_out_dir, resolve_out_dir, run_to_results, summary_lines
 
     overrides = {"algorithm": args.algorithm, **parse_set(args.set or [])}
     if args.resume:
         overrides["resume"] = True
     cfg = parse_run_config(overrides)  # fail fast, before any engine starts
     if args.engine == "in-process":
-        from fedapp.runner import build_strategy, setup_checkpoints
+        from fedpdm_flower.fedapp.runner import build_strategy, setup_checkpoints
         from simulations.inprocess import make_contexts, run_rounds
 
         t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise RunFailed(f"run {err.run.run_id if err.run else '?'} {err.run.status if err.run else 'failed'}: "
                                 f"{failed.get('error')}", results, len(failed["rounds"])) from err
         details = str(err.run.details.get("status-details", "")) if err.run is not None else ""
-        marker = "invalid run config: "  # the ServerApp refused the config before round 1 (fedapp/server_app.py)
+        marker = "invalid run config: "  # the ServerApp refused the config before round 1 (fedpdm_flower/fedapp/server_app.py)
         if marker in details:
             raise ConfigError(f"run {err.run.run_id if err.run else '?'} refused: {details.split(marker, 1)[1]}") from err
         raise
@@ -94,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """The README's main job: BSDP-FedPDM on MNIST through Flower's simulation engine."""
-    from fedapp.runner import prepare_out_dir
+    from fedpdm_flower.fedapp.runner import prepare_out_dir
     from simulations.flower_driver import run_flower
 
     overrides = parse_set(args.set or [])
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command; every failure ends with one ``error: ...`` line on stderr and a non-zero exit code
     (EXIT_CONFIG for a run config rejected before any round, EXIT_FAILED otherwise); --debug or FEDAPP_DEBUG=1
     adds the traceback."""
-    from fedapp.runner import RunFailed
+    from fedpdm_flower.fedapp.runner import RunFailed
 
     args = build_parser().parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or debug_enabled()

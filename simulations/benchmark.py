@@ -36,8 +36,8 @@ def main(out: Path, *, rounds: int = 10) -> int:
     import logging
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    from fedapp.config import parse_run_config
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.runner import finish
     from simulations.flower_driver import run_flower
     from simulations.inprocess import run_inprocess
 
@@ -87,19 +87,19 @@ def local_epoch_ratio(samples: int = 6000, batch_size: int = 32, repeats: int = 
     """Median seconds of one local epoch on a user's CNN: plain torch SGD vs the FedPDM local update (8a)-(8d).
 
     Both take the same (n - 1) // b steps over the same permutation (FedPDM's Q b < |D_i| cap), one thread. The
-    FedPDM side is the public layer a user gets: :class:`fedapp.models.torch_model.TorchModel` around the module
-    and :class:`fedapp.localdata.TorchData` around the TensorDataset.
+    FedPDM side is the public layer a user gets: :class:`fedpdm_flower.fedapp.models.torch_model.TorchModel` around the module
+    and :class:`fedpdm_flower.fedapp.localdata.TorchData` around the TensorDataset.
     """
     import numpy as np
     import torch
     from torch import nn
     from torch.utils.data import TensorDataset
 
-    from fedapp.algorithms.fedpdm import local_update
-    from fedapp.data import load_dataset
-    from fedapp.localdata import TorchData
-    from fedapp.models.cnn import LeNet5
-    from fedapp.models.torch_model import TorchModel
+    from fedpdm_flower.fedapp.algorithms.fedpdm import local_update
+    from fedpdm_flower.fedapp.data import load_dataset
+    from fedpdm_flower.fedapp.localdata import TorchData
+    from fedpdm_flower.fedapp.models.cnn import LeNet5
+    from fedpdm_flower.fedapp.models.torch_model import TorchModel
 
     torch.set_num_threads(1)
     train, _, _ = load_dataset("mnist")
@@ -137,11 +137,11 @@ def local_epoch_ratio(samples: int = 6000, batch_size: int = 32, repeats: int = 
 
 def _gradient_ms(repeats: int = 30) -> dict[str, float]:
     """ms per full-batch softmax gradient of one MNIST agent (6000 x 784, K = 10), CPU, one thread: the same
-    computation in numpy and in torch (the backend of fedapp.algorithms.iadmm.gradient, chosen by this number)."""
+    computation in numpy and in torch (the backend of fedpdm_flower.fedapp.algorithms.iadmm.gradient, chosen by this number)."""
     import numpy as np
     import torch
 
-    from fedapp.algorithms.iadmm import AgentData, gradient, residual
+    from fedpdm_flower.fedapp.algorithms.iadmm import AgentData, gradient, residual
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -173,8 +173,8 @@ def iadmm_throughput(out: Path, *, rounds: int = 10, connection: str | None = No
     import logging
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    from fedapp.config import parse_run_config
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.runner import finish
     from simulations.experiments import IADMM_MNIST
     from simulations.flower_driver import run_flower
     from simulations.inprocess import run_inprocess
@@ -223,9 +223,9 @@ def fedrep_wire(out: Path, *, rounds: int = 6, connection: str | None = None,
     import logging
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    from fedapp.compression.conspar import bits_bound
-    from fedapp.config import ConfigError, parse_run_config
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.compression.conspar import bits_bound
+    from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
+    from fedpdm_flower.fedapp.runner import finish
     from simulations.flower_driver import run_flower
     from simulations.inprocess import run_inprocess
 
@@ -274,8 +274,8 @@ def recal_throughput(out: Path, *, rounds: int = 60, connection: str | None = No
     import logging
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    from fedapp.config import parse_run_config
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.runner import finish
     from simulations.flower_driver import run_flower
     from simulations.inprocess import run_inprocess
 
@@ -288,9 +288,9 @@ def recal_throughput(out: Path, *, rounds: int = 60, connection: str | None = No
     res = run_flower(raw, out / "flower-dp-recal", num_supernodes=8, stream=False, connection=connection,
                      simulation=connection is not None)
     flower = json.loads(res.results.read_text())
-    from fedapp import topology
-    from fedapp.algorithms.recal import simulate_dprecal
-    from fedapp.apps.recal import recal_problem, reference_solution, start_point
+    from fedpdm_flower.fedapp import topology
+    from fedpdm_flower.fedapp.algorithms.recal import simulate_dprecal
+    from fedpdm_flower.fedapp.apps.recal import recal_problem, reference_solution, start_point
 
     s, graph = strategy, strategy.graph
     t0 = time.perf_counter()

@@ -6,9 +6,9 @@ from the global model, 15 rounds, accuracy on the first 2,000 test images after 
 32 clients (partitions 0..f-1) are Byzantine.
 
 * **rows**: Flower's ``FedAvg`` (the mean), and ``Robust(FedAvg, rule)`` for the geometric median, coordinate median,
-  trimmed mean (f/n from each side), Multi-Krum (f, m = n - f) and :class:`fedapp.robust.AdaptiveCenteredClipping`,
+  trimmed mean (f/n from each side), Multi-Krum (f, m = n - f) and :class:`fedpdm_flower.fedapp.robust.AdaptiveCenteredClipping`,
   each without and with nearest-neighbour mixing ``NearestNeighborMixing(f)`` before it.
-* **columns**: no attack; the omniscient attacks of :mod:`fedapp.attacks` (IPM with eps 0.1 and 10, ALIE with the
+* **columns**: no attack; the omniscient attacks of :mod:`fedpdm_flower.fedapp.attacks` (IPM with eps 0.1 and 10, ALIE with the
   paper's z for (n, f), min-max and min-sum in the std direction, mimic of honest client f), which see the honest
   clients' updates of the round; sign flipping scaled by 10 of each Byzantine client's own update (non-omniscient);
   label flipping (data poisoning: the Byzantine clients train on 9 - y).
@@ -17,7 +17,7 @@ The omniscient adversary is simulated at the transport (:class:`AttackGrid`, SIM
 train, then replaces the Byzantine clients' replies by ``sent model + forged update`` before the strategy sees them.
 The strategies are the library's, unchanged.
 
-FedREP's rows (``bench --suite byzantine-fedrep``, :func:`fedrep_main`): masked FedREP (strategies/fedrep.py, the
+FedREP's rows (``bench --suite byzantine-fedrep``, :func:`fedrep_main`): masked FedREP (fedpdm_flower/strategies/fedrep.py, the
 devices in secure mode) on the same task, with the adversary at the devices instead (:func:`fedrep_start`; the
 section "FedREP's rows" below says what differs and why).
 """
@@ -40,7 +40,7 @@ N, PER, ROUNDS, LR, BATCH = 32, 200, 15, 0.1, 20
 def _data() -> tuple[Any, Any, Any]:
     import torch
 
-    from fedapp.data.sources import load_dataset
+    from fedpdm_flower.fedapp.data.sources import load_dataset
 
     train, test, _ = load_dataset("mnist")
 
@@ -56,7 +56,7 @@ def _client_app(train: tuple[Any, Any], order: Any, poisoned: set[int]) -> Any:
     from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
-    from fedapp.attacks import label_flip
+    from fedpdm_flower.fedapp.attacks import label_flip
 
     app = ClientApp()
 
@@ -119,7 +119,14 @@ def _grid(client_app: Any, byzantine: set[int], forge: Callable[[Any, Any], Any]
 
 def attacks(f: int) -> dict[str, Any]:
     """column name -> (forge(honest, own) or None, label flipping?)"""
-    from fedapp.attacks import ALittleIsEnough, InnerProductManipulation, Mimic, MinMax, MinSum, SignFlipping
+    from fedpdm_flower.fedapp.attacks import (
+        ALittleIsEnough,
+        InnerProductManipulation,
+        Mimic,
+        MinMax,
+        MinSum,
+        SignFlipping,
+    )
 
     def omni(a: Any) -> Callable[[Any, Any], Any]:
         return lambda honest, own: a(honest)
@@ -139,7 +146,7 @@ def attacks(f: int) -> dict[str, Any]:
 
 def rules(f: int) -> dict[str, Any]:
     """row name -> (aggregator, pre-aggregator) or None for plain FedAvg."""
-    from fedapp.robust import (
+    from fedpdm_flower.fedapp.robust import (
         AdaptiveCenteredClipping,
         CoordinateMedian,
         GeometricMedian,
@@ -163,7 +170,7 @@ def run_one(rule: Any, attack: tuple[Any, bool], f: int, data: Any, rounds: int 
     from flwr.app import ArrayRecord
     from flwr.serverapp.strategy import FedAvg
 
-    from strategies.wrappers import Robust
+    from fedpdm_flower.strategies.wrappers import Robust
 
     train, test, order = data
     forge, flip = attack
@@ -216,12 +223,12 @@ def main(out: Path, fs: tuple[int, ...] = (7, 3), rounds: int = ROUNDS) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ FedREP's rows
-# FedREP (strategies/fedrep.py) on the same task: the same 32 clients and data, torch Linear(784, 10), 15 rounds of
+# FedREP (fedpdm_flower/strategies/fedrep.py) on the same task: the same 32 clients and data, torch Linear(784, 10), 15 rounds of
 # I = 10 local steps of batch 20 at lr 0.1 without momentum (beta = 0: plain local SGD, one pass over the 200 images
 # per round, as the FedAvg rows' 1 epoch; the pass order is the FedREP client's own seeded permutation), server step
 # 1 (w - G~ = the aggregate of the local models, as FedAvg's). What differs, by design: ConSpar keeps K/d = 5 % of
 # the coordinates per round (k = 12 per client, error feedback), each round's clients are drawn into buffers of
-# s = 2 whose means are all the server learns (masked: the threshold secure aggregation of strategies/secure.py, the
+# s = 2 whose means are all the server learns (masked: the threshold secure aggregation of fedpdm_flower/strategies/secure.py, the
 # devices in secure mode, values clipped to [-8, 8] and quantized to 2^22 levels), and the robust rule runs on the
 # 16 buffer means, of which up to f are contaminated (a Byzantine client's mate is honest or Byzantine).
 #
@@ -244,10 +251,10 @@ def _fedrep_app(train: tuple[Any, Any], order: Any, byzantine: set[int], poisone
     ``Linear(784, 10)``; the Byzantine ones (SIMULATION ONLY) upload ``forge(board["honest"], own g[I^t])``."""
     import torch
 
-    from clients.fedrep import FedREPClient
-    from clients.secure import SecureDevice
-    from fedapp.attacks import ClientAttack, label_flip
-    from fedapp.secagg import NodeIdentity, TrustStore
+    from fedpdm_flower.clients.fedrep import FedREPClient
+    from fedpdm_flower.clients.secure import SecureDevice
+    from fedpdm_flower.fedapp.attacks import ClientAttack, label_flip
+    from fedpdm_flower.fedapp.secagg import NodeIdentity, TrustStore
 
     identities = [NodeIdentity.generate() for _ in range(n)]
     trust = TrustStore({i: ident.public_bytes() for i, ident in enumerate(identities)})
@@ -277,7 +284,7 @@ def _fedrep_grid(client_app: Any, byzantine: set[int], board: dict[str, Any], n:
     pending g[I^t] to the adversary (``board["honest"]``, rows in node order)."""
     from flwr.app import Message
 
-    from fedapp.secagg import S_RECORD
+    from fedpdm_flower.fedapp.secagg import S_RECORD
     from simulations.inprocess import LocalGrid
 
     class FedREPAttackGrid(LocalGrid):
@@ -315,7 +322,7 @@ class _Then:
 def fedrep_rules(f: int, n_clients: int = N) -> dict[str, Any]:
     """FedREP's aggregators over the n = N / s buffer means, of which up to b = min(f, n) are contaminated: the
     table's rules with b in place of f (TrimmedMean(7/16) at f = 7 is the paper's setting)."""
-    from fedapp.robust import (
+    from fedpdm_flower.fedapp.robust import (
         AdaptiveCenteredClipping,
         CoordinateMedian,
         GeometricMedian,
@@ -344,8 +351,8 @@ def fedrep_start(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, r
     import torch
     from flwr.app import ArrayRecord
 
-    from fedapp.compression import ConSpar
-    from strategies.fedrep import FedREP
+    from fedpdm_flower.fedapp.compression import ConSpar
+    from fedpdm_flower.strategies.fedrep import FedREP
 
     train, _, order = data
     forge, flip = attack
@@ -430,7 +437,7 @@ def fedrep_gap_sources(out: Path) -> int:
 
     from flwr.common.logger import FLOWER_LOGGER
 
-    from fedapp.robust import Mean
+    from fedpdm_flower.fedapp.robust import Mean
 
     FLOWER_LOGGER.setLevel(logging.ERROR)
     out.mkdir(parents=True, exist_ok=True)

@@ -632,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m simulations.deploy --nodes N -- key=value ...`: one run, results path printed, exit 0 on success."""
-    from fedapp.config import ConfigError, parse_run_config
+    from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
     from simulations.__main__ import parse_set
 
     args = build_parser().parse_args(argv)

@@ -2,7 +2,7 @@
 
 Paper: Wang, Guo, Yang, Shi, "Differentially Private Decentralized Optimization with Relay Communication", Fig. 5 /
 Sec. VII-B; protocol: spec ``shared/specs/dp_recal.md`` 5.8 (its recommended protocol, followed step by step) and
-8 item A1 (the x-channel). The honest protocol is :func:`fedapp.algorithms.recal.dprecal_step`; this module only
+8 item A1 (the x-channel). The honest protocol is :func:`fedpdm_flower.fedapp.algorithms.recal.dprecal_step`; this module only
 *drives* it to produce traffic and then attacks that traffic. Nothing here is used by the Flower apps.
 
 Setup (spec 5.8 step 1)
@@ -12,7 +12,7 @@ Setup (spec 5.8 step 1)
     ONE real MNIST training image (batch size 1, as in the DLG paper); the other seven hold normal partitions of a
     seeded **subset** of MNIST (``per_agent`` images each, 1,000 by default, not 7,500, to keep the run to seconds;
     the target's gradient does not depend on the other agents' data, only the traffic around it does). The baton
-    walks the ring by :func:`fedapp.topology.walk_path` (markov, stationary start) in the deployable ``private``
+    walks the ring by :func:`fedpdm_flower.fedapp.topology.walk_path` (markov, stationary start) in the deployable ``private``
     u-tracking mode (2.4) unless told otherwise.
 
 Eavesdropper (step 2)
@@ -77,8 +77,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedapp import topology
-from fedapp.algorithms.recal import (
+from fedpdm_flower.fedapp import topology
+from fedpdm_flower.fedapp.algorithms.recal import (
     AgentState,
     Baton,
     ElasticNetProblem,
@@ -89,7 +89,7 @@ from fedapp.algorithms.recal import (
     dprecal_step,
     encode_targets,
 )
-from fedapp.privacy import zcdp
+from fedpdm_flower.fedapp.privacy import zcdp
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -161,7 +161,7 @@ def build_setup(
     the next ``(n_agents - 1) * per_agent`` are split equally among the other agents (``np.array_split``). x^1 is
     ``default_rng([seed, 1]).standard_normal((784, 10))`` (A9); ``alpha_i = 1 / (L_i + 1)``.
     """
-    from fedapp.data import sources  # lazy: the offline MNIST files
+    from fedpdm_flower.fedapp.data import sources  # lazy: the offline MNIST files
 
     if not 0 <= target < n_agents:
         raise ValueError(f"target {target} out of range 0..{n_agents - 1}")

@@ -7,7 +7,7 @@ lr 0.1), delta = 1e-5, accuracy on the 10k test images, mean of the last 3 round
 * **anchor**: Flower 1.42's ``FedAvg`` (fixed-size sampling of 100) in ``DifferentialPrivacyServerSideFixedClipping``
   with Flower's ``RdpAccountant``, which accepts only no-amplification accounting; sigma is the smallest that keeps
   Flower's RDP epsilon within the target over T rounds (bisection on Flower's own accountant).
-* **ours**: :class:`strategies.central_dp.CentralDP` around the same ``FedAvg``: secret Poisson sampling at
+* **ours**: :class:`fedpdm_flower.strategies.central_dp.CentralDP` around the same ``FedAvg``: secret Poisson sampling at
   q = 0.1 (100 expected), the same clipping and a fixed denominator, z calibrated by PLD with the amplification
   that secret Poisson sampling gives (dp-accounting).
 
@@ -36,7 +36,7 @@ N, PER, Q, DELTA = 1000, 60, 0.1, 1e-5
 def _data() -> tuple[Any, Any, Any]:
     import torch
 
-    from fedapp.data.sources import load_dataset
+    from fedpdm_flower.fedapp.data.sources import load_dataset
 
     train, test, _ = load_dataset("mnist")
 
@@ -94,7 +94,7 @@ def _client_app(train: tuple[Any, Any], order: Any, dpsgd: Any = None, client_cl
 def flower_sigma(epsilon: float, rounds: int) -> float:
     """The smallest noise multiplier whose ``rounds`` releases Flower's RdpAccountant (no amplification) keeps
     within ``epsilon`` at DELTA, by bisection to 1e-4 relative."""
-    from fedapp.privacy.protocol import no_amplification, rdp_accountant
+    from fedpdm_flower.fedapp.privacy.protocol import no_amplification, rdp_accountant
 
     def eps(z: float) -> float:
         from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
@@ -119,10 +119,10 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
         FedAvg,
     )
 
-    from clients.dpsgd import DeviceDPSGD
-    from fedapp.privacy.protocol import no_amplification, rdp_accountant
+    from fedpdm_flower.clients.dpsgd import DeviceDPSGD
+    from fedpdm_flower.fedapp.privacy.protocol import no_amplification, rdp_accountant
+    from fedpdm_flower.strategies.central_dp import CentralDP
     from simulations.inprocess import LocalGrid
-    from strategies.central_dp import CentralDP
 
     train, test, order = data
     torch.manual_seed(0)

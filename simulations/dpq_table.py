@@ -8,8 +8,8 @@ Setup (spec 6.3): 5 nodes, ring with Metropolis weights, IID MNIST shards of 12,
 a3 = .24, gamma = .7, delta = 3, C = .2, noise offset 5): at K = 2000 alpha_hat = 0.0101, beta_hat = 0.0010, batch 50.
 Each run is Algorithm 1 for k = 0..K (K + 1 updates; the Flower run of ``num-server-rounds = K + 2``).
 
-Engine: :func:`fedapp.algorithms.dpq.simulate` (``engine="vectorised"``) on
-:func:`fedapp.apps.dpq.network` -- the same run config, data, x_0 and streams as the Flower strategy
+Engine: :func:`fedpdm_flower.fedapp.algorithms.dpq.simulate` (``engine="vectorised"``) on
+:func:`fedpdm_flower.fedapp.apps.dpq.network` -- the same run config, data, x_0 and streams as the Flower strategy
 (tests/test_dpq_flower.py pins the Flower run to the simulator bit for bit, tests/test_dpq.py the two engines) --
 in a spawn-based pool of ``--workers`` processes with one BLAS / torch thread each.
 
@@ -69,10 +69,10 @@ def run_one(job: tuple[str, dict[str, Any], int, int, int]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from fedapp.algorithms import dpq
-    from fedapp.apps import dpq as dpq_app
-    from fedapp.compression import quantize
-    from fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.algorithms import dpq
+    from fedpdm_flower.fedapp.apps import dpq as dpq_app
+    from fedpdm_flower.fedapp.compression import quantize
+    from fedpdm_flower.fedapp.config import parse_run_config
 
     cfg = parse_run_config(raw)
     setup = dpq_app.network(cfg)

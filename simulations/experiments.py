@@ -71,7 +71,7 @@ def _figures() -> dict[str, Figure]:
         )
         figs[f"fig5-{ds}"] = Figure({**base, **pdm}, {f"beta={b:g}": {"beta": b} for b in (0.0, 0.05, 0.5, 5.0)},
                                     "smaller beta is better")
-        # gamma grid of the paper {0, 0.05, 0.5, 5} scaled by 1/100 (see fedapp/config.py: gamma)
+        # gamma grid of the paper {0, 0.05, 0.5, 5} scaled by 1/100 (see fedpdm_flower/fedapp/config.py: gamma)
         gammas = {f"gamma={g:g}": {"gamma": g} for g in (0.0, 0.0005, 0.005, 0.05)}
         figs[f"fig6-{ds}-nodp"] = Figure({**base, **pdm, **NO_DP}, gammas, "without DP smaller gamma is better")
         figs[f"fig6-{ds}-dp"] = Figure({**base, **pdm, "epsilon-total": fig6_eps}, gammas, "with DP larger gamma is better")
@@ -168,8 +168,8 @@ def _run_one(job: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     label, raw, out = job
     import logging
 
-    from fedapp.config import parse_run_config
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.runner import finish
     from simulations.inprocess import run_inprocess
 
     logging.getLogger("flwr").setLevel(logging.WARNING)  # after the imports: flwr configures its logger on import
@@ -198,7 +198,7 @@ def figure_jobs(name: str, root: Path, *, rounds: int, seeds: int, overrides: di
     ConfigError
         Naming the key, for an override the figure sets itself or any invalid run config, before any run starts.
     """
-    from fedapp.config import ConfigError, parse_run_config
+    from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
 
     fig = FIGURES[name]
     over_keys = set(overrides or {})

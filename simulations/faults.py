@@ -13,11 +13,11 @@ ClientApp start; :attr:`FaultEvent.replies_before` records what it had sent, so 
 `--restart NODE@ROUND` starts the same node again (the same command line: node config, port, flags) when round
 ROUND starts; `--restart-after S` starts it S seconds after the kill. A restarted SuperNode registers as a new node
 id (insecure SuperLink) with an empty `context.state`; the strategies give it the client of its partition-id back
-at the start of the next round (:meth:`strategies.base.FederatedStrategy.readmit`).
+at the start of the next round (:meth:`fedpdm_flower.strategies.base.FederatedStrategy.readmit`).
 
 What the SuperLink does meanwhile (flwr 1.42, read from its code and seen in the tests): a SIGKILLed node is
 online until its last heartbeat + 2 x 30 s; then every message to it is answered by the SuperLink itself with the
-error "Node Unavailable", which the strategies attribute to the dead node (:meth:`~strategies.base.
+error "Node Unavailable", which the strategies attribute to the dead node (:meth:`~fedpdm_flower.strategies.base.
 FederatedStrategy.reply_items`). A SIGTERMed node deactivates itself at once (``--kill-signal TERM``), so the same
 error comes without the wait.
 

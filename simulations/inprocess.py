@@ -17,10 +17,10 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from fedapp.client_app import answer
-from fedapp.config import RunConfig
-from fedapp.runner import build_strategy
-from fedapp.wire import recorddict_nbytes
+from fedpdm_flower.fedapp.client_app import answer
+from fedpdm_flower.fedapp.config import RunConfig
+from fedpdm_flower.fedapp.runner import build_strategy
+from fedpdm_flower.fedapp.wire import recorddict_nbytes
 
 
 def make_contexts(cfg: RunConfig) -> dict[int, Context]:
@@ -35,7 +35,7 @@ def make_contexts(cfg: RunConfig) -> dict[int, Context]:
 
 def run_rounds(strategy: Any, contexts: dict[int, Context], rounds: int, *, start: int = 1) -> None:
     """Drive `rounds` rounds: [pre-train exchange] -> train -> [post-train exchange] -> evaluate, as Flower's path
-    (strategies.base.FederatedStrategy.configure_train / aggregate_train) does."""
+    (fedpdm_flower.strategies.base.FederatedStrategy.configure_train / aggregate_train) does."""
     for rnd in range(start, start + rounds):
         strategy.begin_round(rnd)
         pre = strategy.pre_train_contents(rnd)

@@ -5,12 +5,12 @@
 writes ``parts/partition_<i>.npz`` (i = 0..N-1) and ``parts/partitions.json``. Partition i holds exactly the rows
 that ``partition-id = i`` of ``num-partitions = N`` gives under a run config with the same ``dataset``,
 ``partitioner``, ``seed``, ``labels-per-client``, ``samples-per-client`` and ``dirichlet-alpha``
-(:func:`fedapp.data.partition_indices` on the same labels), and ``--partitioner recal`` gives DP-RECAL's split
-(:func:`fedapp.algorithms.recal.split_agents`: seeded permutation, first ``--num-samples`` rows = run-config key
+(:func:`fedpdm_flower.fedapp.data.partition_indices` on the same labels), and ``--partitioner recal`` gives DP-RECAL's split
+(:func:`fedpdm_flower.fedapp.algorithms.recal.split_agents`: seeded permutation, first ``--num-samples`` rows = run-config key
 ``recal-samples``, ``np.array_split``), rows kept in that order. For dpq-dsgd use ``--partitioner iid`` (its
 ``paper`` split is the seeded IID one).
 
-File format (:mod:`fedapp.data.local_files`): ``x`` = the raw uint8 images for MNIST / Fashion-MNIST ((n, 28, 28),
+File format (:mod:`fedpdm_flower.fedapp.data.local_files`): ``x`` = the raw uint8 images for MNIST / Fashion-MNIST ((n, 28, 28),
 read from the same IDX files the loader reads; the device applies the loader's feature map, so its features equal
 the loader's bit for bit), float64 features for the other datasets; ``y`` int64 labels; ``num_classes``;
 ``x_test`` / ``y_test`` = the first ``--test-samples`` rows of the test split when asked (for clients that evaluate
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedapp.config import ConfigError, RunConfig
+from fedpdm_flower.fedapp.config import ConfigError, RunConfig
 
 __all__ = ["PARTITIONERS", "build_parser", "main", "partition_rows", "write_partitions"]
 
@@ -41,7 +41,7 @@ MANIFEST = "partitions.json"
 def partition_rows(y: NDArray[np.int64], partitioner: str, num_partitions: int, seed: int, *,
                    labels_per_client: int, samples_per_client: int, dirichlet_alpha: float,
                    num_samples: int) -> list[NDArray[np.int64]]:
-    """Row indices of each device: the run's partitioner (as :func:`fedapp.task.client_dataset` calls it), or
+    """Row indices of each device: the run's partitioner (as :func:`fedpdm_flower.fedapp.task.client_dataset` calls it), or
     DP-RECAL's split (``recal``, in its row order)."""
     if partitioner == "recal":
         total = num_samples or y.shape[0]
@@ -49,7 +49,7 @@ def partition_rows(y: NDArray[np.int64], partitioner: str, num_partitions: int, 
             raise ConfigError(f"--num-samples must lie in [{num_partitions}, {y.shape[0]}] (0 = all), got {num_samples}")
         idx = np.random.default_rng(seed).permutation(y.shape[0])[:total]
         return [np.asarray(p, dtype=np.int64) for p in np.array_split(idx, num_partitions)]
-    from fedapp.data.partition import partition_indices
+    from fedpdm_flower.fedapp.data.partition import partition_indices
 
     return partition_indices(y, partitioner, num_partitions, seed, labels_per_client=labels_per_client,
                              samples_per_client=samples_per_client or None, dirichlet_alpha=dirichlet_alpha)
@@ -57,7 +57,7 @@ def partition_rows(y: NDArray[np.int64], partitioner: str, num_partitions: int, 
 
 def _raw_images(dataset: str) -> tuple[NDArray[np.uint8], NDArray[np.uint8]] | None:
     """The train and test images as stored (uint8), for the datasets whose loader reads IDX files offline."""
-    from fedapp.data import sources
+    from fedpdm_flower.fedapp.data import sources
 
     if dataset == "mnist":
         folder = sources.mnist_offline_dir()
@@ -72,7 +72,7 @@ def write_partitions(dataset: str, num_partitions: int, out: Path, *, partitione
                      labels_per_client: int = 4, samples_per_client: int = 0, dirichlet_alpha: float = 0.5,
                      num_samples: int = 0, test_samples: int = 0, source: str = "offline") -> dict[str, Any]:
     """Write ``partition_<i>.npz`` for i < num_partitions and the manifest into ``out``; return the manifest."""
-    from fedapp.data import load_dataset
+    from fedpdm_flower.fedapp.data import load_dataset
 
     if partitioner not in PARTITIONERS:
         raise ConfigError(f"--partitioner must be one of {', '.join(PARTITIONERS)}, got {partitioner!r}")

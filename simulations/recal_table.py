@@ -27,23 +27,23 @@ RING8_TABLE_V = {"DP-NIDS": 9600, "DP-PG-EXTRA": 19200, "DP-RW-ADMM": 19200, "DP
 def run_table(out: Path, *, eps_list: tuple[float, ...] = (1.0, 5.0, 10.0), samples: int = 0, R: float = 1.01,
               delta: float = 1e-3, seed: int = 0, graph_spec: str = "ring") -> list[dict[str, Any]]:
     """Every method at every epsilon (plus the noise-free runs); writes table.md and table.json under ``out``."""
-    from fedapp import topology
-    from fedapp.algorithms.recal import alpha_for, beta_for, simulate_dprecal, solve_elastic_net
-    from fedapp.algorithms.recal_baselines import (
+    from fedpdm_flower.fedapp import topology
+    from fedpdm_flower.fedapp.algorithms.recal import alpha_for, beta_for, simulate_dprecal, solve_elastic_net
+    from fedpdm_flower.fedapp.algorithms.recal_baselines import (
         paper_communication,
         simulate_nids,
         simulate_pg_extra,
         simulate_rw_admm,
     )
-    from fedapp.apps.recal import STREAM_X1, load_mnist_problem
-    from fedapp.privacy import zcdp
-    from fedapp.sampling import rng_for
+    from fedpdm_flower.fedapp.apps.recal import STREAM_X1, load_mnist_problem
+    from fedpdm_flower.fedapp.privacy import zcdp
+    from fedpdm_flower.fedapp.sampling import rng_for
 
     n, K = 8, 4800
     problem = load_mnist_problem(n, seed=seed, num_samples=samples or None)
     graph = topology.parse_graph(graph_spec, n, seed)
     x_star = solve_elastic_net(problem).x
-    x1 = rng_for(seed, STREAM_X1).standard_normal(problem.x_shape)  # the app's x^1 (fedapp.apps.recal.start_point)
+    x1 = rng_for(seed, STREAM_X1).standard_normal(problem.x_shape)  # the app's x^1 (fedpdm_flower.fedapp.apps.recal.start_point)
     start = topology.start_agent(graph, "stationary", seed)
     beta = beta_for(n)
     l_max = max(a.lipschitz for a in problem.agents)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedapp.aggregation import elementwise_mean, plain_mean, prox_l1, soft_threshold
-from fedapp.compression import (
+from fedpdm_flower.fedapp.aggregation import elementwise_mean, plain_mean, prox_l1, soft_threshold
+from fedpdm_flower.fedapp.compression import (
     SparseVector,
     decode_vector,
     encode_dense,

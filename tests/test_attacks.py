@@ -7,7 +7,7 @@ import statistics
 import numpy as np
 import pytest
 
-from fedapp.attacks import (
+from fedpdm_flower.fedapp.attacks import (
     alie,
     alie_z,
     apply_coordinate_attack,
@@ -182,7 +182,7 @@ def test_byzantine_ids_are_seeded() -> None:
 
 def test_client_attack_and_oracle_are_the_attack_functions() -> None:
     """The simulation-only objects the public classes accept do exactly what the functions above do."""
-    from fedapp.attacks import ClientAttack, OmniscientOracle
+    from fedpdm_flower.fedapp.attacks import ClientAttack, OmniscientOracle
 
     rng = np.random.default_rng(3)
     g = rng.normal(size=20)

@@ -1,4 +1,4 @@
-"""The attacks of issue 16 (fedapp.attacks, simulation only) against their formulas and against ByzFL's.
+"""The attacks of issue 16 (fedpdm_flower.fedapp.attacks, simulation only) against their formulas and against ByzFL's.
 
 Each attack is checked against a value computed independently: its closed form by hand (IPM, sign flipping, mimic,
 ALIE with the paper's z, min-sum's gamma), the constraint that defines it (min-max's gamma is the largest that
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from fedapp.attacks import (
+from fedpdm_flower.fedapp.attacks import (
     ALittleIsEnough,
     InnerProductManipulation,
     Mimic,
@@ -21,7 +21,7 @@ from fedapp.attacks import (
     SignFlipping,
     label_flip,
 )
-from fedapp.robust import (
+from fedpdm_flower.fedapp.robust import (
     AdaptiveCenteredClipping,
     CenteredClipping,
     CoordinateMedian,

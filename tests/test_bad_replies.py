@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from fedapp.client_app import handle
-from fedapp.config import parse_run_config
-from fedapp.runner import build_strategy
+from fedpdm_flower.fedapp.client_app import handle
+from fedpdm_flower.fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.runner import build_strategy
+from fedpdm_flower.strategies.base import RoundFailed
 from simulations.inprocess import make_contexts
-from strategies.base import RoundFailed
 
 CFG = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 4,
        "clients-per-round": 4, "num-server-rounds": 1, "alpha-up": 0.5, "alpha-down": 1.0}

@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, Message
 from flwr.supercore.task_identity import TaskIdentity
 from numpy.typing import NDArray
 
-from fedapp.algorithms.local_sgd import (
+from fedpdm_flower.fedapp.algorithms.local_sgd import (
     feddyn_linear_update,
     feddyn_server_update,
     local_sgd,
@@ -24,16 +24,16 @@ from fedapp.algorithms.local_sgd import (
     scaffold_control_delta,
     scaffold_server_update,
 )
-from fedapp.client_app import handle
-from fedapp.compression.codec import MalformedPayload, SparseVector
-from fedapp.compression.paired import pair_from_arrays, pair_to_arrays
-from fedapp.config import RunConfig, parse_run_config
-from fedapp.localdata import ArrayData
-from fedapp.models import NonconvexL1Logistic
-from fedapp.privacy.gaussian import gaussian_noise_std, local_sgd_sensitivity, per_round_epsilon_eq36
-from fedapp.runner import build_strategy
+from fedpdm_flower.fedapp.client_app import handle
+from fedpdm_flower.fedapp.compression.codec import MalformedPayload, SparseVector
+from fedpdm_flower.fedapp.compression.paired import pair_from_arrays, pair_to_arrays
+from fedpdm_flower.fedapp.config import RunConfig, parse_run_config
+from fedpdm_flower.fedapp.localdata import ArrayData
+from fedpdm_flower.fedapp.models import NonconvexL1Logistic
+from fedpdm_flower.fedapp.privacy.gaussian import gaussian_noise_std, local_sgd_sensitivity, per_round_epsilon_eq36
+from fedpdm_flower.fedapp.runner import build_strategy
+from fedpdm_flower.strategies.flower_builtin import FlowerOnlyError, FlwrFedAvg, FlwrFedProx
 from simulations.inprocess import make_contexts, run_inprocess
-from strategies.flower_builtin import FlowerOnlyError, FlwrFedAvg, FlwrFedProx
 
 FloatArray = NDArray[np.float64]
 BASE = ("fedavg", "fedprox", "scaffold", "feddyn")

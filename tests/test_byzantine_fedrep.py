@@ -17,12 +17,12 @@ import pytest
 import torch
 from flwr.common.logger import FLOWER_LOGGER
 
-from fedapp.robust import GeometricMedian, Mean
-from fedapp.sampling import STREAM_CLIENT, rng_for
+from fedpdm_flower.fedapp.robust import GeometricMedian, Mean
+from fedpdm_flower.fedapp.sampling import STREAM_CLIENT, rng_for
 from simulations.byzantine_table import BATCH, LR, PER, _data, attacks, fedrep_start, run_fedrep
 
 torch.set_num_threads(1)
-STEP = 2 * 8.0 / (2**22 - 1)  # the secure aggregation's fixed-point step (fedapp.secagg, clip 8, 2^22 levels)
+STEP = 2 * 8.0 / (2**22 - 1)  # the secure aggregation's fixed-point step (fedpdm_flower.fedapp.secagg, clip 8, 2^22 levels)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def data() -> tuple[Any, Any, Any]:
 
 def honest_update_by_hand(w0: torch.nn.Linear, data: tuple[Any, Any, Any], pid: int) -> np.ndarray:
     """w^0 - w_pid^1 (state-dict order) after one pass of SGD (batch 20, lr 0.1) in the device's pass order."""
-    from clients.fedrep import STREAM_ORDER
+    from fedpdm_flower.clients.fedrep import STREAM_ORDER
 
     train, _, order = data
     mine = torch.from_numpy(order[pid * PER:(pid + 1) * PER])

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from fedapp.robust import (
+from fedpdm_flower.fedapp.robust import (
     Bucketing,
     CenteredClipping,
     CoordinateMedian,

@@ -17,9 +17,9 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import FedAvg
 from userapp import D, initial, reference_update, user_app
 
-from fedapp.privacy.pld import poisson_epsilon, poisson_noise_multiplier_for
+from fedpdm_flower.fedapp.privacy.pld import poisson_epsilon, poisson_noise_multiplier_for
+from fedpdm_flower.strategies.central_dp import CentralDP
 from simulations.inprocess import LocalGrid
-from strategies.central_dp import CentralDP
 
 N = 20
 
@@ -58,7 +58,7 @@ def test_the_calibration_spends_the_target_and_opacus_rdp_bounds_it(epsilon: flo
                                                                   orders=orders), delta=1e-5)
     assert epsilon < eps_rdp < 1.5 * epsilon  # a second library: RDP is an upper bound, and not far off
     # amplification: without sampling the same target needs far more noise
-    from fedapp.privacy import gdp
+    from fedpdm_flower.fedapp.privacy import gdp
 
     assert gdp.noise_multiplier_for(epsilon, 1e-5, rounds) > 2 * z
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp.config import ConfigError, parse_run_config
-from fedapp.data import clear_dataset_cache, clear_partition_cache, load_dataset, load_partition
-from fedapp.data import sources as src
+from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
+from fedpdm_flower.fedapp.data import clear_dataset_cache, clear_partition_cache, load_dataset, load_partition
+from fedpdm_flower.fedapp.data import sources as src
 
 N_TRAIN, N_TEST = 20, 10
 MEAN = np.array([0.4914, 0.4822, 0.4465])
@@ -77,7 +77,7 @@ def test_cifar10_feature_layout_is_channel_major(fake_cifar: dict[str, Any], tmp
     np.testing.assert_allclose(train.x[1, :3072].reshape(3, -1), np.repeat(((1 - MEAN) / STD)[:, None], 1024, axis=1))
     assert train.x.min() > -2.43 and train.x.max() < 2.76
     # the model reads the same order: TorchNet(resnet20) reshapes the first 3072 columns to (3, 32, 32)
-    from fedapp.models.torch_net import TorchNet
+    from fedpdm_flower.fedapp.models.torch_net import TorchNet
 
     inputs = TorchNet("resnet20", info.num_classes, info.num_features).inputs(train.x).numpy()
     assert inputs.shape == (N_TRAIN, 3, 32, 32)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from fedapp.compression import (
+from fedpdm_flower.fedapp.compression import (
     MalformedPayload,
     SparseVector,
     decode_vector,
@@ -314,8 +314,8 @@ def test_malformed_payload_is_value_error() -> None:
 
 
 def test_every_index_form_crosses_numpyclients_positional_lists() -> None:
-    """Each form the encoder can pick has a payload-format code (fedapp.compression.payload)."""
-    from fedapp.compression.payload import from_arrays, to_arrays
+    """Each form the encoder can pick has a payload-format code (fedpdm_flower.fedapp.compression.payload)."""
+    from fedpdm_flower.fedapp.compression.payload import from_arrays, to_arrays
 
     forms = set()
     for dim, k in [(7850, 785), (16, 2), (7850, 7850), (100, 60)]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedapp.config import ConfigError, RunConfig, known_keys, parse_run_config
-from fedapp.registry import ALGORITHMS
+from fedpdm_flower.fedapp.config import ConfigError, RunConfig, known_keys, parse_run_config
+from fedpdm_flower.fedapp.registry import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from fedapp.compression.conspar import (
+from fedpdm_flower.fedapp.compression.conspar import (
     bits_bound,
     compress,
     consensus,
@@ -27,7 +27,7 @@ from fedapp.compression.conspar import (
     theorem2_epsilon,
     topk_bits,
 )
-from fedapp.compression.sparsify import top_k
+from fedpdm_flower.fedapp.compression.sparsify import top_k
 
 SPEC_G = np.array([0.1, -5.0, 0.3, 2.0, 0.0, -0.2, 4.0, 0.0, 1.0, -3.0])
 D_RESNET20 = 269_722  # spec 8.2

@@ -1,4 +1,4 @@
-"""Tests for fedapp.data: real offline datasets, partitions, synthetic data, FEMNIST (fake download), and bad input."""
+"""Tests for fedpdm_flower.fedapp.data: real offline datasets, partitions, synthetic data, FEMNIST (fake download), and bad input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from fedapp.data import (
+from fedpdm_flower.fedapp.data import (
     SCHEMES,
     ArrayDataset,
     images_to_features,
@@ -25,7 +25,7 @@ from fedapp.data import (
     partition_indices,
     read_idx,
 )
-from fedapp.data import sources as src
+from fedpdm_flower.fedapp.data import sources as src
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -370,7 +370,7 @@ def fake_femnist(monkeypatch: pytest.MonkeyPatch) -> Any:
     import flwr_datasets
     import huggingface_hub.constants
 
-    from fedapp.data import clear_dataset_cache, clear_partition_cache
+    from fedpdm_flower.fedapp.data import clear_dataset_cache, clear_partition_cache
 
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.setenv(var, "1")
@@ -409,7 +409,7 @@ def test_femnist_online_conversion(fake_femnist: Any) -> None:
     hub = fake_femnist["hub"]
     ids = np.asarray(hub["writer_id"])
     sampled = sorted(set(ids.tolist()))
-    from fedapp.data.femnist import sample_writers
+    from fedpdm_flower.fedapp.data.femnist import sample_writers
 
     chosen = sample_writers(sampled, 0.05, 0)
     for k, writer in enumerate(chosen):  # LEAF train fraction 0.9 per writer, the rest in the test set
@@ -428,7 +428,7 @@ def test_femnist_online_conversion(fake_femnist: Any) -> None:
 
 
 def test_femnist_offline_names_the_key_and_the_network() -> None:
-    from fedapp.config import ConfigError, parse_run_config
+    from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
 
     with pytest.raises(ValueError, match="needs a network; use data-source='online'"):
         load_dataset("femnist")
@@ -456,7 +456,7 @@ def test_writer_partition_one_writer_per_client() -> None:
 
 
 def test_femnist_writer_partition_and_the_cache_cannot_leak(fake_femnist: Any) -> None:
-    from fedapp.data import clear_dataset_cache
+    from fedpdm_flower.fedapp.data import clear_dataset_cache
 
     train, _, _ = load_dataset("femnist", source="online")
     assert train.groups is not None
@@ -477,7 +477,7 @@ def test_femnist_writer_partition_and_the_cache_cannot_leak(fake_femnist: Any) -
 
 
 def test_femnist_two_round_dp_iadmm_inprocess(fake_femnist: Any) -> None:
-    from fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.config import parse_run_config
     from simulations.inprocess import run_inprocess
 
     cfg = parse_run_config({

@@ -14,12 +14,12 @@ import pytest
 from flwr.app import ArrayRecord, Context, RecordDict
 from numpy.typing import NDArray
 
-from clients.base import MessageConfig
-from clients.decentralized import SyncAgentClient
-from fedapp import topology
+from fedpdm_flower.clients.base import MessageConfig
+from fedpdm_flower.clients.decentralized import SyncAgentClient
+from fedpdm_flower.fedapp import topology
+from fedpdm_flower.strategies.base import FederationError, RoundFailed
+from fedpdm_flower.strategies.decentralized import SyncRouter
 from simulations.inprocess import run_clients
-from strategies.base import FederationError, RoundFailed
-from strategies.decentralized import SyncRouter
 
 
 class Gossip(SyncRouter):

@@ -21,13 +21,13 @@ from scipy.special import logsumexp
 from scipy.stats import skellam as sk
 from userapp import D, initial, loss, user_app
 
-from clients.distributed_dp import DeviceSkellam
-from clients.mods import secure_buffers_mod
-from fedapp import secagg
-from fedapp.privacy import skellam
-from fedapp.privacy.protocol import SkellamAccountant, SkellamPrivacyEvent, no_amplification
+from fedpdm_flower.clients.distributed_dp import DeviceSkellam
+from fedpdm_flower.clients.mods import secure_buffers_mod
+from fedpdm_flower.fedapp import secagg
+from fedpdm_flower.fedapp.privacy import skellam
+from fedpdm_flower.fedapp.privacy.protocol import SkellamAccountant, SkellamPrivacyEvent, no_amplification
+from fedpdm_flower.strategies.distributed_dp import DistributedDP
 from simulations.inprocess import LocalGrid
-from strategies.distributed_dp import DistributedDP
 
 N = 8
 IDENTITIES = [secagg.NodeIdentity.generate() for _ in range(N)]

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.algorithms.recal import prox_nr
-from fedapp.privacy import zcdp
+from fedpdm_flower.fedapp.algorithms.recal import prox_nr
+from fedpdm_flower.fedapp.privacy import zcdp
 from simulations import dlg
 
 pytest.importorskip("scipy.optimize")

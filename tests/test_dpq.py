@@ -1,4 +1,4 @@
-"""DPQ-DSGD (fedapp/algorithms/dpq.py): spec dp_quantized.md 2.1-2.5, 5, 6.3, 7.6 and the section-10 items
+"""DPQ-DSGD (fedpdm_flower/fedapp/algorithms/dpq.py): spec dp_quantized.md 2.1-2.5, 5, 6.3, 7.6 and the section-10 items
 "Schedules" (S1, S2), "Theory helpers" (T1) and "Algorithmic behaviour" (A1, A2, A4, A5).
 
 Noise and quantization off reach the closed-form fixed point of a quadratic (consensus at b when the b_i agree);
@@ -16,11 +16,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedapp import topology
-from fedapp.algorithms import dpq
-from fedapp.apps import dpq as dpq_app
-from fedapp.compression import quantize
-from fedapp.privacy import dpq as accountant
+from fedpdm_flower.fedapp import topology
+from fedpdm_flower.fedapp.algorithms import dpq
+from fedpdm_flower.fedapp.apps import dpq as dpq_app
+from fedpdm_flower.fedapp.compression import quantize
+from fedpdm_flower.fedapp.privacy import dpq as accountant
 
 RING5 = topology.metropolis_weights(topology.ring(5))
 
@@ -50,7 +50,7 @@ def test_paper_schedule_values() -> None:
     assert p.alpha_hat == dpq.alpha_hat(2000, 0.35, 1.0) and p.beta_hat == dpq.beta_hat(2000, 0.3, 0.75)
     # gamma_hat grows with the horizon, constant within a run
     assert [dpq.gamma_hat(k, 0.24, 0.7) for k in (100, 1000, 10000)] == [7, 31, 152]
-    # the same numbers as the accountant's schedule (fedapp.privacy.dpq)
+    # the same numbers as the accountant's schedule (fedpdm_flower.fedapp.privacy.dpq)
     for K, consts in ((2000, (0.35, 1.0, 0.3, 0.75, 0.24, 0.7)), (10**5, (1.0, 0.9, 2.0, 0.6, 0.5, 0.8))):
         a1, al, a2, be, a3, ga = consts
         mine = (dpq.alpha_hat(K, a1, al), dpq.beta_hat(K, a2, be), dpq.gamma_hat(K, a3, ga))
@@ -119,7 +119,7 @@ def test_assumption4_can_hold() -> None:
 
 # ------------------------------------------------------------------------------------------- quantizer, messages
 def test_message_uses_the_eq3_quantizer() -> None:
-    """node_message = fedapp.compression.quantize.quantize_levels(x + n, q_step, default_rng([seed, 51, node, k]))."""
+    """node_message = fedpdm_flower.fedapp.compression.quantize.quantize_levels(x + n, q_step, default_rng([seed, 51, node, k]))."""
     assert dpq.quantize_levels is quantize.quantize_levels and dpq.dequantize is quantize.dequantize
     p = _params(q_step=0.25, noise=True, sigma_exp=0.2, seed=11)
     x = np.linspace(-2.0, 2.0, 9)

@@ -1,8 +1,8 @@
-"""DPQ-DSGD in the reproduction app (fedapp/apps/dpq.py -> strategies/dpq.py, clients/dpq.py; spec dp_quantized.md
+"""DPQ-DSGD in the reproduction app (fedpdm_flower/fedapp/apps/dpq.py -> fedpdm_flower/strategies/dpq.py, fedpdm_flower/clients/dpq.py; spec dp_quantized.md
 7, 8, 10 F1-F6).
 
 The app's strategy and clients driven in-process (simulations.inprocess: the same RecordDicts and context.state as a
-Flower run) against the framework-free simulator of fedapp.algorithms.dpq, bit for bit with noise, quantization and
+Flower run) against the framework-free simulator of fedpdm_flower.fedapp.algorithms.dpq, bit for bit with noise, quantization and
 minibatches on a tiny MNIST subset (the paper's horizon-2000 schedule: batch 50 of 200 samples per node); routing,
 the run constants in every message and integer uploads; the bytes of a message against spec 3's ``d b + 40`` bits;
 the ledger against the accountant; bad configs; and one real `flwr run` simulation against the in-process driver.
@@ -20,18 +20,18 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, RecordDict
 
-from clients.dpq import LEDGER, META, STATE
-from fedapp.algorithms import dpq
-from fedapp.apps import dpq as dpq_app
-from fedapp.compression import quantize
-from fedapp.config import ConfigError, RunConfig, parse_run_config
-from fedapp.data import load_dataset
-from fedapp.privacy.dpq import DPQLedger
-from fedapp.runner import build_strategy, finish
-from fedapp.wire import recorddict_nbytes
+from fedpdm_flower.clients.dpq import LEDGER, META, STATE
+from fedpdm_flower.fedapp.algorithms import dpq
+from fedpdm_flower.fedapp.apps import dpq as dpq_app
+from fedpdm_flower.fedapp.compression import quantize
+from fedpdm_flower.fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedpdm_flower.fedapp.data import load_dataset
+from fedpdm_flower.fedapp.privacy.dpq import DPQLedger
+from fedpdm_flower.fedapp.runner import build_strategy, finish
+from fedpdm_flower.fedapp.wire import recorddict_nbytes
+from fedpdm_flower.strategies.base import RUN_TOKEN_KEY, RoundFailed
+from fedpdm_flower.strategies.dpq import DPQDSGD, RUN_KEYS
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
-from strategies.base import RUN_TOKEN_KEY, RoundFailed
-from strategies.dpq import DPQDSGD, RUN_KEYS
 
 BASE: dict[str, Any] = {
     "algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5, "clients-per-round": 5,

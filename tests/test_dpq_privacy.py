@@ -1,4 +1,4 @@
-"""DPQ-DSGD paper accountant (fedapp/privacy/dpq.py): spec 4.6 reference numbers and spec 10 S1, S2, P1-P6.
+"""DPQ-DSGD paper accountant (fedpdm_flower/fedapp/privacy/dpq.py): spec 4.6 reference numbers and spec 10 S1, S2, P1-P6.
 
 Hand check of the spec 4.6 numbers (done before writing these tests; K = 2000, a1 = .35, alpha = 1, a2 = .3,
 beta = .75, a3 = .24, gamma = .7, C = .2, delta = 3):
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp.privacy.dpq import (
+from fedpdm_flower.fedapp.privacy.dpq import (
     DPQBudget,
     DPQLedger,
     DPQSchedule,

@@ -22,15 +22,15 @@ from numpy.typing import NDArray
 from torch import nn
 from usertorch import TinyCNN, images
 
-from clients.dpq import STATE, DPQClient
-from fedapp import topology
-from fedapp.algorithms import dpq
-from fedapp.compression import quantize
-from fedapp.localdata import ArrayData, as_local_data
-from fedapp.models.torch_model import TorchModel
+from fedpdm_flower.clients.dpq import STATE, DPQClient
+from fedpdm_flower.fedapp import topology
+from fedpdm_flower.fedapp.algorithms import dpq
+from fedpdm_flower.fedapp.compression import quantize
+from fedpdm_flower.fedapp.localdata import ArrayData, as_local_data
+from fedpdm_flower.fedapp.models.torch_model import TorchModel
+from fedpdm_flower.strategies.base import RoundFailed, Scalar
+from fedpdm_flower.strategies.dpq import DPQDSGD
 from simulations.inprocess import run_clients
-from strategies.base import RoundFailed, Scalar
-from strategies.dpq import DPQDSGD
 
 torch.set_num_threads(1)
 N = 4

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedapp.algorithms import dpq
-from fedapp.apps import dpq as dpq_app
-from fedapp.compression import quantize
-from fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.algorithms import dpq
+from fedpdm_flower.fedapp.apps import dpq as dpq_app
+from fedpdm_flower.fedapp.compression import quantize
+from fedpdm_flower.fedapp.config import parse_run_config
 from simulations.dpq_table import base_config, run_one, runs
 
 

@@ -15,7 +15,7 @@ from flwr.app import Context, RecordDict
 from test_public_api import TinyCNN, accuracy, images
 from torch.utils.data import DataLoader
 
-from clients.dpsgd import DeviceDPSGD
+from fedpdm_flower.clients.dpsgd import DeviceDPSGD
 
 
 def context() -> Context:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fedapp.config import ConfigError, parse_run_config
+from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
 from simulations import benchmark, experiments
 from simulations.__main__ import build_parser
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp.config import parse_run_config
-from fedapp.runner import RunFailed, build_strategy, run_to_results
+from fedpdm_flower.fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.runner import RunFailed, build_strategy, run_to_results
 from simulations.__main__ import EXIT_CONFIG, EXIT_FAILED, main
 from simulations.inprocess import make_contexts, run_rounds
 
@@ -106,8 +106,8 @@ def test_through_flowers_message_api_the_client_error_reply_stops_the_run(
     from flwr.app import ArrayRecord, ConfigRecord
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedapp.client_app import app
-    from strategies.base import RoundFailed
+    from fedpdm_flower.fedapp.client_app import app
+    from fedpdm_flower.strategies.base import RoundFailed
 
     for attr in ("_run_id", "_node_id", "_task_id"):  # what the ServerApp runtime would set
         monkeypatch.setattr(TaskIdentity, attr, 0)
@@ -136,7 +136,7 @@ def test_through_flowers_message_api_the_client_error_reply_stops_the_run(
 
 def test_fedrep_round_whose_proposals_are_all_rejected_stops_the_run() -> None:
     """The rule counts every phase: when no proposal is accepted FedREP stops before sending any train message."""
-    from strategies.base import RoundFailed
+    from fedpdm_flower.strategies.base import RoundFailed
 
     cfg = parse_run_config({"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5",
                             "num-clients": 2, "clients-per-round": 2, "num-server-rounds": 1, "buffer-size": 2,
@@ -151,7 +151,7 @@ def test_fedrep_round_whose_proposals_are_all_rejected_stops_the_run() -> None:
 
 
 def test_quoting_groups_errors_that_differ_only_in_numbers() -> None:
-    from strategies.base import quote_errors
+    from fedpdm_flower.strategies.base import quote_errors
 
     errors = {f"ValueError: q = {s}*10/600 must lie in (0, 1)": 3 for s in range(1, 5)} | {"boom": 1, "bang": 1,
                                                                                              "crash": 1, "x": 1}

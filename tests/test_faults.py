@@ -24,8 +24,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 
-from fedapp.config import parse_run_config
-from fedapp.runner import build_strategy
+from fedpdm_flower.fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.runner import build_strategy
 from simulations.faults import FaultPlan, NodeAtRound, parse_node_at_round
 
 PDM = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 3,
@@ -52,7 +52,7 @@ class StubGrid:
         return list(self.online)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
-        from fedapp.client_app import app
+        from fedpdm_flower.fedapp.client_app import app
 
         out = []
         for i, m in enumerate(messages):
@@ -75,7 +75,7 @@ def _train_round(strategy: Any, rnd: int, grid: StubGrid, contexts: dict[int, Co
     """configure_train -> the Grid's ids -> replies (the SuperLink's "Node Unavailable" for dead nodes)."""
     from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
-    from fedapp.client_app import app
+    from fedpdm_flower.fedapp.client_app import app
 
     msgs = list(strategy.configure_train(rnd, ArrayRecord([strategy.x.astype(np.float32)]), ConfigRecord(), grid))
     for m in msgs:
@@ -172,7 +172,7 @@ RECAL = {"algorithm": "dp-recal", "num-clients": 4, "clients-per-round": 4, "num
 def test_iadmm_stops_naming_the_dead_agent_and_a_restarted_agent_cannot_resume(task_identity: None) -> None:
     """ObjP keeps each agent's dual on the agent and a copy on the server ((4c)): the round in which agent 1's node
     dies stops the run naming agent 1 and node 1001; a new node for agent 1 (empty context.state) refuses round 3."""
-    from strategies.base import RoundFailed
+    from fedpdm_flower.strategies.base import RoundFailed
 
     cfg = parse_run_config(IADMM)
     strategy = build_strategy(cfg, evaluate=False)
@@ -201,7 +201,7 @@ def test_iadmm_stops_naming_the_dead_agent_and_a_restarted_agent_cannot_resume(t
 def test_recal_stops_naming_a_dead_baton_holder_after_one_retry(task_identity: None) -> None:
     """DP-RECAL: the node of the agent that holds the baton dies; the round is retried once with the same holder,
     then the run stops naming it (the walk cannot skip it without losing its update)."""
-    from strategies.base import RoundFailed
+    from fedpdm_flower.strategies.base import RoundFailed
 
     cfg = parse_run_config(RECAL)
     node_of = {pid: 1000 + pid for pid in range(4)}

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from sklearn.linear_model import Lasso
 
-from fedapp.aggregation import prox_l1
-from fedapp.algorithms.fedpdm import local_update, server_update, step_size
-from fedapp.compression.codec import SparseVector
-from fedapp.config import parse_run_config
-from fedapp.data import make_lasso_problem
-from fedapp.localdata import ArrayData
-from fedapp.models import MultinomialLogistic, NonconvexL1Logistic
-from fedapp.models.least_squares import LeastSquares
+from fedpdm_flower.fedapp.aggregation import prox_l1
+from fedpdm_flower.fedapp.algorithms.fedpdm import local_update, server_update, step_size
+from fedpdm_flower.fedapp.compression.codec import SparseVector
+from fedpdm_flower.fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.data import make_lasso_problem
+from fedpdm_flower.fedapp.localdata import ArrayData
+from fedpdm_flower.fedapp.models import MultinomialLogistic, NonconvexL1Logistic
+from fedpdm_flower.fedapp.models.least_squares import LeastSquares
 from simulations.inprocess import run_inprocess
 
 

@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedapp import attacks
-from fedapp.algorithms.fedrep import local_momentum_sgd
-from fedapp.client_app import handle
-from fedapp.compression.conspar import bits_bound
-from fedapp.config import ConfigError, RunConfig, parse_run_config
-from fedapp.data import sources
-from fedapp.localdata import ArrayData
-from fedapp.runner import build_strategy
-from fedapp.sampling import STREAM_CLIENT, rng_for
-from fedapp.task import build_net, client_dataset
+from fedpdm_flower.fedapp import attacks
+from fedpdm_flower.fedapp.algorithms.fedrep import local_momentum_sgd
+from fedpdm_flower.fedapp.client_app import handle
+from fedpdm_flower.fedapp.compression.conspar import bits_bound
+from fedpdm_flower.fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedpdm_flower.fedapp.data import sources
+from fedpdm_flower.fedapp.localdata import ArrayData
+from fedpdm_flower.fedapp.runner import build_strategy
+from fedpdm_flower.fedapp.sampling import STREAM_CLIENT, rng_for
+from fedpdm_flower.fedapp.task import build_net, client_dataset
+from fedpdm_flower.strategies.fedrep import FedREP
 from simulations.inprocess import make_contexts, run_inprocess
-from strategies.fedrep import FedREP
 
 BASE: dict[str, Any] = {
     "algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
@@ -223,7 +223,7 @@ def test_server_never_sees_an_individual_update_in_the_clear() -> None:
     to) and removes it; what is left still carries the pairwise mask, and misses the update. Yet the buffer means
     are the plain ones (same seed: identical training and proposals in both modes, so the plain uploads are the
     honest vectors)."""
-    from fedapp import secagg
+    from fedpdm_flower.fedapp import secagg
 
     plain, masked = Recorder(cfg_of(secagg_mode="plain")), Recorder(cfg_of())
     plain.round(1)
@@ -356,8 +356,13 @@ def test_bytes_per_client_per_round_against_the_paper_bound() -> None:
 
 # ------------------------------------------------------------------ SparseSecAgg baseline
 def test_sparse_secagg_reveals_exactly_the_per_coordinate_sums_of_the_senders() -> None:
-    from fedapp import secagg
-    from fedapp.sparse_secagg import decode_sparse_sum, location_probability, mask_label, sparse_masked_upload
+    from fedpdm_flower.fedapp import secagg
+    from fedpdm_flower.fedapp.sparse_secagg import (
+        decode_sparse_sum,
+        location_probability,
+        mask_label,
+        sparse_masked_upload,
+    )
 
     n, d = 5, 4000
     rng = np.random.default_rng(3)

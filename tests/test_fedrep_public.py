@@ -21,15 +21,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from usertorch import TinyCNN, accuracy, images
 
-from clients.fedrep import FedREPClient, MomentumSGDClient
-from clients.secure import SecureDevice
-from fedapp.attacks import ClientAttack, OmniscientOracle
-from fedapp.compression import ConSpar
-from fedapp.robust import CenteredClipping, GeometricMedian, Mean, TrimmedMean
-from fedapp.secagg import NodeIdentity, TrustStore
+from fedpdm_flower.clients.fedrep import FedREPClient, MomentumSGDClient
+from fedpdm_flower.clients.secure import SecureDevice
+from fedpdm_flower.fedapp.attacks import ClientAttack, OmniscientOracle
+from fedpdm_flower.fedapp.compression import ConSpar
+from fedpdm_flower.fedapp.robust import CenteredClipping, GeometricMedian, Mean, TrimmedMean
+from fedpdm_flower.fedapp.secagg import NodeIdentity, TrustStore
+from fedpdm_flower.strategies.base import RoundFailed, arrays_of
+from fedpdm_flower.strategies.fedrep import SHARE, DenseFedAvg, FedREP, SparseSecAgg
 from simulations.inprocess import run_clients
-from strategies.base import RoundFailed, arrays_of
-from strategies.fedrep import SHARE, DenseFedAvg, FedREP, SparseSecAgg
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,17 +296,17 @@ def test_momentum_sgd_client_answers_a_plain_flower_message_in_the_users_layout(
 
 
 def test_an_honest_deployment_never_loads_the_attack_module() -> None:
-    """Importing the FedREP strategies and clients, and running honest ones, does not import fedapp.attacks."""
+    """Importing the FedREP strategies and clients, and running honest ones, does not import fedpdm_flower.fedapp.attacks."""
     code = (
         "import sys, torch\n"
         "from flwr.app import ArrayRecord\n"
-        "import strategies.fedrep, strategies.flower_robust, clients.fedrep\n"
-        "from clients.fedrep import FedREPClient\n"
+        "import fedpdm_flower.strategies.fedrep, fedpdm_flower.strategies.flower_robust, fedpdm_flower.clients.fedrep\n"
+        "from fedpdm_flower.clients.fedrep import FedREPClient\n"
         "net = torch.nn.Linear(3, 2)\n"
         "FedREPClient(net, (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)))\n"
-        "s = strategies.fedrep.FedREP(min_available_nodes=1)\n"
+        "s = fedpdm_flower.strategies.fedrep.FedREP(min_available_nodes=1)\n"
         "s.initialize(ArrayRecord(net.state_dict()))\n"
-        "print('fedapp.attacks' in sys.modules)\n"
+        "print('fedpdm_flower.fedapp.attacks' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -20,14 +20,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from torch import nn
 
-from clients.fedrep import FedREPClient
-from clients.secure import SecureDevice
-from fedapp import secagg
-from fedapp.compression import ConSpar
-from fedapp.robust import Mean
+from fedpdm_flower.clients.fedrep import FedREPClient
+from fedpdm_flower.clients.secure import SecureDevice
+from fedpdm_flower.fedapp import secagg
+from fedpdm_flower.fedapp.compression import ConSpar
+from fedpdm_flower.fedapp.robust import Mean
+from fedpdm_flower.strategies.base import RoundFailed, record_of
+from fedpdm_flower.strategies.fedrep import SHARE, DenseFedAvg, FedREP, SparseSecAgg
 from simulations.inprocess import run_clients
-from strategies.base import RoundFailed, record_of
-from strategies.fedrep import SHARE, DenseFedAvg, FedREP, SparseSecAgg
 
 torch.set_num_threads(1)
 N = 6

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.config import parse_run_config
-from fedapp.runner import finish
+from fedpdm_flower.fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.runner import finish
 from simulations.flower_driver import FlowerRunError, run_flower
 from simulations.inprocess import run_inprocess
 

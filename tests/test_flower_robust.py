@@ -1,5 +1,5 @@
 """Flower's own Krum / FedMedian / FedTrimmedAvg on the FedREP setup (keys flwr-krum, flwr-fedmedian,
-flwr-fedtrimmedavg; strategies/flower_robust.py, clients.fedrep.MomentumSGDClient).
+flwr-fedtrimmedavg; fedpdm_flower/strategies/flower_robust.py, fedpdm_flower.clients.fedrep.MomentumSGDClient).
 
 The unmarked tests drive Flower's own configure_train / aggregate_train on a stub Grid with our client answering
 (no Flower engine) and check each rule against an independent computation; the ``flower`` tests run ``flwr run``.
@@ -17,16 +17,21 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.supercore.task_identity import TaskIdentity
 from numpy.typing import NDArray
 
-from fedapp import attacks, robust
-from fedapp.attacks import OmniscientOracle
-from fedapp.client_app import handle
-from fedapp.config import ConfigError, RunConfig, parse_run_config
-from fedapp.registry import ALGORITHMS
-from fedapp.runner import build_strategy
+from fedpdm_flower.fedapp import attacks, robust
+from fedpdm_flower.fedapp.attacks import OmniscientOracle
+from fedpdm_flower.fedapp.client_app import handle
+from fedpdm_flower.fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedpdm_flower.fedapp.registry import ALGORITHMS
+from fedpdm_flower.fedapp.runner import build_strategy
+from fedpdm_flower.strategies.flower_builtin import FlowerOnlyError
+from fedpdm_flower.strategies.flower_robust import (
+    FedREPLocalMixin,
+    FlwrFedTrimmedAvg,
+    FlwrKrum,
+    forge_byzantine_replies,
+)
 from simulations.flower_driver import run_flower
 from simulations.inprocess import make_contexts, run_inprocess
-from strategies.flower_builtin import FlowerOnlyError
-from strategies.flower_robust import FedREPLocalMixin, FlwrFedTrimmedAvg, FlwrKrum, forge_byzantine_replies
 
 BASE: dict[str, Any] = {
     "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4, "clients-per-round": 4,

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedapp.compression import quantize
-from fedapp.compression.codec import FLOAT32_MAX, MalformedPayload, decode_vector, encode_sparse
-from fedapp.compression.payload import FORMAT_KEY, from_arrays
-from fedapp.compression.sparsify import top_k
-from strategies.base import RoundFailed
-from strategies.fedavg import FedAvg
+from fedpdm_flower.fedapp.compression import quantize
+from fedpdm_flower.fedapp.compression.codec import FLOAT32_MAX, MalformedPayload, decode_vector, encode_sparse
+from fedpdm_flower.fedapp.compression.payload import FORMAT_KEY, from_arrays
+from fedpdm_flower.fedapp.compression.sparsify import top_k
+from fedpdm_flower.strategies.base import RoundFailed
+from fedpdm_flower.strategies.fedavg import FedAvg
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -63,7 +63,7 @@ def test_a_mutated_valid_payload_decodes_well_formed_or_is_refused(data: Any, di
     k = min(k, dim)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     y = rng.normal(size=dim)
-    from fedapp.compression.codec import SparseVector
+    from fedpdm_flower.fedapp.compression.codec import SparseVector
 
     payload = encode_sparse(SparseVector.from_dense(y, top_k(y, k)))
     key = next(f for f in payload if f != "val")

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from fedapp.privacy import gdp
+from fedpdm_flower.fedapp.privacy import gdp
 
 
 @pytest.mark.parametrize("epsilon", [1.0, 3.0, 8.0])

@@ -20,13 +20,13 @@ from test_public_api import TinyCNN, images
 from torch import nn
 from torch.utils.data import DataLoader
 
-from clients.broadcast import LEDGER
-from clients.fedpdm import FedPDMClient
-from fedapp.privacy import gdp
-from fedapp.privacy.accountants import PrivacyLedger
-from fedapp.privacy.gaussian import GaussianTarget
+from fedpdm_flower.clients.broadcast import LEDGER
+from fedpdm_flower.clients.fedpdm import FedPDMClient
+from fedpdm_flower.fedapp.privacy import gdp
+from fedpdm_flower.fedapp.privacy.accountants import PrivacyLedger
+from fedpdm_flower.fedapp.privacy.gaussian import GaussianTarget
+from fedpdm_flower.strategies.fedpdm import DPFedPDM
 from simulations.inprocess import run_clients
-from strategies.fedpdm import DPFedPDM
 
 TARGET = GaussianTarget(epsilon=8.0, delta=1e-5)
 
@@ -123,7 +123,7 @@ def test_a_devices_ledger_file_carries_its_spend_across_runs(tmp_path: Path) -> 
     # the second run: its own target again, but the device's ledger continues where the first one stopped
     z = first.noise_multipliers[0]
     floor = gdp.epsilon_for(1e-5, gdp.mu_of(3 / z**2)) * 1.000001  # room for exactly one more release
-    from strategies.base import RoundFailed
+    from fedpdm_flower.strategies.base import RoundFailed
 
     with pytest.raises(RoundFailed, match="exact, GDP"):
         run(2, nodes=1, target=target, node_config=cfg, max_epsilon=floor)

@@ -13,7 +13,7 @@ import torch
 from flwr.app import Context
 from scipy.optimize import minimize
 
-from fedapp.algorithms.iadmm import (
+from fedpdm_flower.fedapp.algorithms.iadmm import (
     RHO_FEMNIST,
     AgentData,
     MultinomialObjective,
@@ -32,9 +32,9 @@ from fedapp.algorithms.iadmm import (
     sensitivity_paper,
     server_w_update,
 )
-from fedapp.config import ConfigError, parse_run_config
-from fedapp.data.femnist import femnist_split, to_ink_high
-from fedapp.privacy.laplace import advanced_composition, basic_composition, laplace_noise, laplace_scale
+from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
+from fedpdm_flower.fedapp.data.femnist import femnist_split, to_ink_high
+from fedpdm_flower.fedapp.privacy.laplace import advanced_composition, basic_composition, laplace_noise, laplace_scale
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
 
 INF = math.inf
@@ -62,7 +62,7 @@ def test_rho_schedule_femnist_table(eps: float, values: tuple[float, float, floa
 
 
 def test_rho_cap_and_eta_schedules() -> None:
-    from fedapp.algorithms.iadmm import eta_schedule
+    from fedpdm_flower.fedapp.algorithms.iadmm import eta_schedule
 
     assert rho_schedule(10**9, 0.05) == 1e9
     assert [eta_schedule(t) for t in (1, 4, 100)] == pytest.approx([1.0, 0.5, 0.1])
@@ -310,7 +310,7 @@ def test_composition_formulas() -> None:
 
 
 def test_run_reports_per_iteration_per_round_and_cumulative_privacy(tmp_path: Path) -> None:
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.runner import finish
 
     cfg = parse_run_config({**SMALL, "algorithm": "objpm", "num-server-rounds": 3, "iadmm-epsilon": 0.1})
     strategy, _, wall = run_inprocess(cfg, evaluate=False)
@@ -327,8 +327,8 @@ def test_run_reports_per_iteration_per_round_and_cumulative_privacy(tmp_path: Pa
     ("objpm", {}), ("dp-iadmm", {"local-updates": 3}), ("outp", {}), ("outp", {"outp-order": "alg1"}),
 ])
 def test_server_and_agent_duals_are_identical_after_every_round(algorithm: str, extra: dict[str, object]) -> None:
-    from fedapp.runner import build_strategy
-    from strategies.iadmm import ConsensusADMM
+    from fedpdm_flower.fedapp.runner import build_strategy
+    from fedpdm_flower.strategies.iadmm import ConsensusADMM
 
     cfg = parse_run_config({**SMALL, "algorithm": algorithm, **extra})
     s = build_strategy(cfg, evaluate=False)
@@ -356,7 +356,7 @@ def test_same_seed_same_run_and_noise_seed_changes_only_the_noise() -> None:
     np.testing.assert_array_equal(a.x, b.x)
     c, _, _ = run_inprocess(cfg.replace(noise_seed=1), evaluate=False)
     assert not np.array_equal(a.x, c.x)
-    from fedapp.task import client_dataset
+    from fedpdm_flower.fedapp.task import client_dataset
 
     for p in range(3):  # same data split
         np.testing.assert_array_equal(client_dataset(cfg, p, 3).y, client_dataset(cfg.replace(noise_seed=1), p, 3).y)
@@ -387,7 +387,7 @@ def _numpy_residual_and_gradient(d: AgentData, z: np.ndarray) -> tuple[np.ndarra
 
 
 def test_torch_cpu_gradient_equals_numpy_and_auto_is_cpu_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedapp.algorithms.iadmm import resolve_device
+    from fedpdm_flower.fedapp.algorithms.iadmm import resolve_device
 
     rng = np.random.default_rng(11)
     x, y = rng.uniform(0, 1, size=(300, 40)), rng.integers(0, 7, size=300)
@@ -432,7 +432,7 @@ def test_cuda_gradient_equals_cpu() -> None:
 
 
 def test_device_key_is_validated_before_any_round(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedapp.registry import ALGORITHMS
+    from fedpdm_flower.fedapp.registry import ALGORITHMS
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for algorithm in ("dp-iadmm", "objp", "objpm", "outp"):
@@ -452,7 +452,7 @@ def test_device_key_is_validated_before_any_round(monkeypatch: pytest.MonkeyPatc
 # ------------------------------------------------------------------------------------------------ T15, T17: real data
 def test_mnist_iteration0_laplace_scale_matches_the_reference_log() -> None:
     """Spec 7 / T15: contiguous chunks of 6000, x/255, z = 0, eps = 0.05: mean b over agents = 0.157263."""
-    from fedapp.data import load_dataset
+    from fedpdm_flower.fedapp.data import load_dataset
 
     train, _, _ = load_dataset("mnist")
     scales = []
@@ -526,7 +526,7 @@ def test_context_state_only() -> None:
 @pytest.mark.parametrize("algorithm", ["objpm", "outp"])
 def test_flower_simulation_equals_inprocess_driver(tmp_path: Path, algorithm: str) -> None:
     """Same final model bit for bit, same per-round accuracy, privacy and bytes; duals checked every round."""
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.runner import finish
     from simulations.flower_driver import run_flower
 
     raw = {**SMALL, "algorithm": algorithm, "num-server-rounds": 4}

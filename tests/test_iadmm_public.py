@@ -18,9 +18,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDic
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from clients.base import FedClient
-from clients.iadmm import IADMMClient, OutPClient
-from fedapp.algorithms.iadmm import (
+from fedpdm_flower.clients.base import FedClient
+from fedpdm_flower.clients.iadmm import IADMMClient, OutPClient
+from fedpdm_flower.fedapp.algorithms.iadmm import (
     AgentData,
     EtaSchedule,
     ModelObjective,
@@ -29,13 +29,13 @@ from fedapp.algorithms.iadmm import (
     local_objective,
     rho_schedule,
 )
-from fedapp.localdata import ArrayData
-from fedapp.models.multinomial import MultinomialLogistic
-from fedapp.models.torch_model import TorchModel
-from fedapp.privacy.gaussian import gaussian_noise_std
+from fedpdm_flower.fedapp.localdata import ArrayData
+from fedpdm_flower.fedapp.models.multinomial import MultinomialLogistic
+from fedpdm_flower.fedapp.models.torch_model import TorchModel
+from fedpdm_flower.fedapp.privacy.gaussian import gaussian_noise_std
+from fedpdm_flower.strategies.base import FederationError, RoundFailed
+from fedpdm_flower.strategies.iadmm import DPIADMM, ObjP, ObjPM, OutP, ReplicatedDualError
 from simulations.inprocess import run_clients
-from strategies.base import FederationError, RoundFailed
-from strategies.iadmm import DPIADMM, ObjP, ObjPM, OutP, ReplicatedDualError
 
 torch.set_num_threads(1)
 
@@ -127,9 +127,9 @@ def test_torch_softmax_regression_follows_a_from_scratch_algorithm_1() -> None:
 
 def test_the_reproduction_app_builds_the_same_public_classes_bit_for_bit() -> None:
     """run_inprocess on a run config == a user's ObjPM / OutP + clients given the same model, data and seeds."""
-    from fedapp.apps.iadmm import iadmm_client, iadmm_strategy
-    from fedapp.config import parse_run_config
-    from fedapp.task import build_model, client_dataset
+    from fedpdm_flower.fedapp.apps.iadmm import iadmm_client, iadmm_strategy
+    from fedpdm_flower.fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.task import build_model, client_dataset
     from simulations.inprocess import run_inprocess
 
     for algorithm in ("objpm", "outp"):

@@ -1,10 +1,10 @@
 """The three layers of ../shared/API.md: each imports only the ones below it.
 
-    the reproduction app   fedapp.config / registry / task / data / apps / runner / server_app / client_app,
-                           the model zoo (fedapp.models.torch_net), simulations
-    the public layer       strategies/, clients/ (and fedapp.wire, their Flower record helpers, and
-                           fedapp.privacy.protocol, our accountants behind Flower's privacy protocol)
-    the math               fedapp.algorithms, privacy, compression, models, robust, secagg, topology, layout, ...
+    the reproduction app   fedpdm_flower.fedapp.config / registry / task / data / apps / runner / server_app / client_app,
+                           the model zoo (fedpdm_flower.fedapp.models.torch_net), simulations
+    the public layer       fedpdm_flower/strategies/, fedpdm_flower/clients/ (and fedpdm_flower.fedapp.wire, their Flower record helpers, and
+                           fedpdm_flower.fedapp.privacy.protocol, our accountants behind Flower's privacy protocol)
+    the math               fedpdm_flower.fedapp.algorithms, privacy, compression, models, robust, secagg, topology, layout, ...
 
 Checked two ways: every import statement of every file (module level or inside a function, so a lazy import
 cannot hide), and a fresh interpreter that imports the whole public layer and must not have loaded the app.
@@ -19,30 +19,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = (
-    "fedapp.config",
-    "fedapp.registry",
-    "fedapp.task",
-    "fedapp.data",
-    "fedapp.apps",
-    "fedapp.runner",
-    "fedapp.server_app",
-    "fedapp.client_app",
-    "fedapp.models.torch_net",
+    "fedpdm_flower.fedapp.config",
+    "fedpdm_flower.fedapp.registry",
+    "fedpdm_flower.fedapp.task",
+    "fedpdm_flower.fedapp.data",
+    "fedpdm_flower.fedapp.apps",
+    "fedpdm_flower.fedapp.runner",
+    "fedpdm_flower.fedapp.server_app",
+    "fedpdm_flower.fedapp.client_app",
+    "fedpdm_flower.fedapp.models.torch_net",
     "simulations",
 )
-PUBLIC_DIRS = ("strategies", "clients")
+PUBLIC_DIRS = ("fedpdm_flower/strategies", "fedpdm_flower/clients")
 # Flower record helpers, the per-round record, and the accountants behind Flower's privacy protocol
-PUBLIC_FILES = ("fedapp/wire.py", "fedapp/results.py", "fedapp/privacy/protocol.py")
+PUBLIC_FILES = ("fedpdm_flower/fedapp/wire.py", "fedpdm_flower/fedapp/results.py", "fedpdm_flower/fedapp/privacy/protocol.py")
 APP_FILES = (
-    "fedapp/config.py",
-    "fedapp/registry.py",
-    "fedapp/task.py",
-    "fedapp/runner.py",
-    "fedapp/server_app.py",
-    "fedapp/client_app.py",
-    "fedapp/models/torch_net.py",
-    "fedapp/__init__.py",
-    "fedapp/lazy.py",
+    "fedpdm_flower/fedapp/config.py",
+    "fedpdm_flower/fedapp/registry.py",
+    "fedpdm_flower/fedapp/task.py",
+    "fedpdm_flower/fedapp/runner.py",
+    "fedpdm_flower/fedapp/server_app.py",
+    "fedpdm_flower/fedapp/client_app.py",
+    "fedpdm_flower/fedapp/models/torch_net.py",
+    "fedpdm_flower/fedapp/__init__.py",
+    "fedpdm_flower/fedapp/lazy.py",
 )
 #: files not yet moved onto the layering (an algorithm family still being ported); must shrink to nothing
 PENDING: dict[str, set[str]] = {}
@@ -77,17 +77,17 @@ def _files(layer: str) -> list[Path]:
         return sorted((ROOT / "examples").rglob("*.py"))
     app = (
         {ROOT / f for f in APP_FILES}
-        | set((ROOT / "fedapp" / "data").glob("*.py"))
-        | set((ROOT / "fedapp" / "apps").glob("*.py"))
+        | set((ROOT / "fedpdm_flower" / "fedapp" / "data").glob("*.py"))
+        | set((ROOT / "fedpdm_flower" / "fedapp" / "apps").glob("*.py"))
     )
     return [
-        p for p in sorted((ROOT / "fedapp").rglob("*.py")) if p not in app and p not in {ROOT / f for f in PUBLIC_FILES}
+        p for p in sorted((ROOT / "fedpdm_flower" / "fedapp").rglob("*.py")) if p not in app and p not in {ROOT / f for f in PUBLIC_FILES}
     ]
 
 
 def _violations() -> dict[str, set[str]]:
     rules = {
-        "math": (*APP, "flwr", "strategies", "clients"),
+        "math": (*APP, "flwr", "fedpdm_flower.strategies", "fedpdm_flower.clients"),
         "public": APP,
         "examples": APP,
     }
@@ -108,7 +108,7 @@ def test_no_layer_imports_a_layer_above_it() -> None:
 
 
 def test_importing_the_public_layer_loads_nothing_of_the_app() -> None:
-    modules = sorted(f"{d}.{p.stem}" for d in PUBLIC_DIRS for p in (ROOT / d).glob("*.py") if p.stem != "__init__")
+    modules = sorted(f"{d.replace('/', '.')}.{p.stem}" for d in PUBLIC_DIRS for p in (ROOT / d).glob("*.py") if p.stem != "__init__")
     pending = {f.removesuffix(".py").replace("/", ".") for f in PENDING}
     modules = [m for m in modules if m not in pending]
     code = (
@@ -123,9 +123,19 @@ def test_importing_the_public_layer_loads_nothing_of_the_app() -> None:
 
 def test_the_rule_catches_a_lazy_import(tmp_path: Path) -> None:
     """The checker itself can fail: an import inside a function is found."""
-    f = ROOT / "clients" / "_probe_layering.py"
-    f.write_text("def f():\n    from fedapp.task import build_net\n    return build_net\n")
+    f = ROOT / "fedpdm_flower" / "clients" / "_probe_layering.py"
+    f.write_text("def f():\n    from fedpdm_flower.fedapp.task import build_net\n    return build_net\n")
     try:
-        assert _violations()["clients/_probe_layering.py"] == {"fedapp.task", "fedapp.task.build_net"}
+        assert _violations()["fedpdm_flower/clients/_probe_layering.py"] == {"fedpdm_flower.fedapp.task", "fedpdm_flower.fedapp.task.build_net"}
     finally:
         f.unlink()
+
+
+def test_nothing_imports_the_old_top_level_names() -> None:
+    """Our code reaches its own modules only through ``fedpdm_flower.``: a user app's own ``strategies.py`` or
+    ``clients/`` (first on ``sys.path`` under Flower) could otherwise shadow them."""
+    old = ("fedapp", "strategies", "clients")
+    files = [*sorted((ROOT / "fedpdm_flower").rglob("*.py")), *sorted((ROOT / "simulations").rglob("*.py")),
+             *sorted((ROOT / "examples").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py"))]
+    bad = {str(p.relative_to(ROOT)): hits for p in files if (hits := _hits(_imports(p), old))}
+    assert bad == {}

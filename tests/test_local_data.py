@@ -1,7 +1,7 @@
 """A device's own data (node config ``data-path``): the partition command's files, the four formats, equality with
 the partition-id route, a client that reads nothing else and imports no heavy library, and a real deployment.
 
-Independent truths: the partition-id route (:func:`fedapp.task.client_dataset`, the whole dataset cut by the
+Independent truths: the partition-id route (:func:`fedpdm_flower.fedapp.task.client_dataset`, the whole dataset cut by the
 run's partitioner) for the arrays and for the replies; the bytes of the IDX format written here by hand from its
 definition (magic 0x00000803 / 0x00000801, big-endian sizes); PNG files written with Pillow; a flwr-datasets
 partition written by ``Dataset.save_to_disk`` exactly as ``flwr-datasets create`` does.
@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedapp.config import parse_run_config
-from fedapp.data.local_files import LocalDataError, load_local_files
-from fedapp.task import client_dataset, node_dataset
+from fedpdm_flower.fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.data.local_files import LocalDataError, load_local_files
+from fedpdm_flower.fedapp.task import client_dataset, node_dataset
 from simulations.partition import write_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_partition_files_equal_the_partition_id_route(iid_parts: Path) -> None:
 
 
 def test_paper_split_and_recal_split_match_their_routes(tmp_path: Path) -> None:
-    from fedapp.apps.recal import local_agent, recal_problem
+    from fedpdm_flower.fedapp.apps.recal import local_agent, recal_problem
 
     cfg = _cfg(partitioner="paper", **{"samples-per-client": 300, "labels-per-client": 2})
     write_partitions("mnist", N, tmp_path / "paper", partitioner="paper", seed=3, samples_per_client=300,
@@ -189,7 +189,7 @@ _CHILD = textwrap.dedent('''
 
     import numpy as np
     from flwr.app import Context, RecordDict
-    import fedapp.client_app as ca
+    import fedpdm_flower.fedapp.client_app as ca
 
     ctx = Context(run_id=0, node_id=job["node"], node_config=job["node_config"], state=RecordDict(),
                   run_config=job["run_config"])
@@ -221,7 +221,7 @@ _CHILD = textwrap.dedent('''
 def _recorded_messages(cfg: Any) -> tuple[int, list[tuple[str, RecordDict, RecordDict]]]:
     """Round 1 of the in-process driver with partition-id nodes; the messages one node got and its replies."""
     import simulations.inprocess as ip
-    from fedapp.runner import build_strategy
+    from fedpdm_flower.fedapp.runner import build_strategy
 
     log: dict[int, list[tuple[str, RecordDict, RecordDict]]] = {}
     real = ip._answer
@@ -259,7 +259,7 @@ def test_small_client_in_a_fresh_process_reads_only_its_file_and_replies_as_the_
     are the other devices' files) builds the client from a data-path node config, answers the messages the
     partition-id client of the same node got in round 1 with the same replies, and never imports torch,
     matplotlib, pandas or ray (torch installed and not hidden, except for objpm: a device without torch)."""
-    from fedapp.data.sources import mnist_offline_dir
+    from fedpdm_flower.fedapp.data.sources import mnist_offline_dir
 
     cfg = parse_run_config({"algorithm": algorithm, "dataset": "mnist", "num-clients": N, "clients-per-round": N,
                             "partitioner": "iid", "seed": 3, "num-server-rounds": 2, **extra})
@@ -289,7 +289,7 @@ def test_the_ledgers_opacus_analysis_without_torch_is_opacus_own() -> None:
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis import rdp
 
-    from fedapp.privacy.accountants import RDP_ORDERS, PrivacyLedger, opacus_rdp
+    from fedpdm_flower.fedapp.privacy.accountants import RDP_ORDERS, PrivacyLedger, opacus_rdp
 
     assert list(RDP_ORDERS) == [float(a) for a in RDPAccountant.DEFAULT_ALPHAS]
     ledger = PrivacyLedger(delta=1e-5)
@@ -331,7 +331,7 @@ def test_two_supernodes_with_data_path_train_bsdp_fedpdm_on_mnist(tmp_path: Path
     assert all(r["clients"] == 2 for r in doc["rounds"])
     # the same run in-process with partition-id nodes (the whole dataset cut by the partitioner): the same
     # numbers, round by round, and the same final model bit for bit
-    from fedapp.runner import finish
+    from fedpdm_flower.fedapp.runner import finish
     from simulations.inprocess import run_inprocess
 
     cfg = parse_run_config(overrides)
@@ -341,13 +341,13 @@ def test_two_supernodes_with_data_path_train_bsdp_fedpdm_on_mnist(tmp_path: Path
     for dr, lr in zip(doc["rounds"], local["rounds"], strict=True):
         assert {k: dr[k] for k in keys} == {k: lr[k] for k in keys}
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "model.npy"), np.load(path.parent / "model.npy"))
-    for i in range(2):  # each ClientApp read its own file (the line fedapp.task logs when it loads a data-path)
+    for i in range(2):  # each ClientApp read its own file (the line fedpdm_flower.fedapp.task logs when it loads a data-path)
         assert f"data-path {parts / f'partition_{i}.npz'}: 30000 samples" in logs, logs[-3000:]
 
 
 def test_iadmm_numpy_backend_computes_the_torch_backends_products(monkeypatch: pytest.MonkeyPatch) -> None:
     """H_p(z) - Y_p and f_p'(z) of (63) in numpy (a device without torch) equal torch's to rounding."""
-    from fedapp.algorithms import iadmm
+    from fedpdm_flower.fedapp.algorithms import iadmm
 
     rng = np.random.default_rng(7)
     x, y, z = rng.random((200, 785)), rng.integers(0, 10, 200), rng.normal(0, 0.3, (10, 785))
@@ -383,7 +383,7 @@ def test_partition_command_line_on_float_features_and_the_node_config_string(tmp
         ref = client_dataset(cfg, i, 3)
         np.testing.assert_array_equal(local.x, ref.x)
         np.testing.assert_array_equal(local.y, ref.y)
-    from fedapp.task import dataset_info
+    from fedpdm_flower.fedapp.task import dataset_info
 
     want = dataset_info(cfg)
     assert (info.num_classes, info.num_features) == (want.num_classes, want.num_features)

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, MetricRecord, RecordDict
 
-from clients.fedavg import FedAvgClient
-from fedapp.compression.payload import FORMAT_KEY, to_arrays
+from fedpdm_flower.clients.fedavg import FedAvgClient
+from fedpdm_flower.fedapp.compression.payload import FORMAT_KEY, to_arrays
+from fedpdm_flower.strategies.fedavg import FedAvg
 from simulations.inprocess import run_clients
-from strategies.fedavg import FedAvg
 
 D = 40
 TRUE_W = np.linspace(-1.0, 1.0, D)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fedapp.models.cnn import SmallCNN
+from fedpdm_flower.fedapp.models.cnn import SmallCNN
 
 
 def test_cnn_forward_backward_on_images_and_flat_features() -> None:
@@ -25,7 +25,7 @@ def test_cnn_forward_backward_on_images_and_flat_features() -> None:
 
 
 def test_resnet20_parameter_count_shapes_and_gradients() -> None:
-    from fedapp.models.resnet import ResNet20
+    from fedpdm_flower.fedapp.models.resnet import ResNet20
 
     torch.manual_seed(0)
     net = ResNet20(num_classes=10)
@@ -40,7 +40,7 @@ def test_resnet20_parameter_count_shapes_and_gradients() -> None:
 
 
 def test_lenet5_count_and_flat_features() -> None:
-    from fedapp.models.cnn import LeNet5
+    from fedpdm_flower.fedapp.models.cnn import LeNet5
 
     torch.manual_seed(0)
     net = LeNet5(num_classes=10)

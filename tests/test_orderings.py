@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.config import parse_run_config
 from simulations.inprocess import run_inprocess
 
 BASE = {"dataset": "synthetic-10class", "partitioner": "paper", "num-clients": 20, "clients-per-round": 10,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from fedapp.privacy import (
+from fedpdm_flower.fedapp.privacy import (
     PrivacyLedger,
     add_gaussian_noise,
     data_fraction,

@@ -23,9 +23,9 @@ from flwr.supercore.privacy_accounting import (
 from scipy import integrate, stats
 from userapp import initial, user_app
 
-from fedapp.privacy.accountants import PrivacyLedger
-from fedapp.privacy.gaussian import total_privacy_eq36
-from fedapp.privacy.protocol import (
+from fedpdm_flower.fedapp.privacy.accountants import PrivacyLedger
+from fedpdm_flower.fedapp.privacy.gaussian import total_privacy_eq36
+from fedpdm_flower.fedapp.privacy.protocol import (
     BasicCompositionAccountant,
     Eq36Accountant,
     GdpAccountant,
@@ -34,7 +34,7 @@ from fedapp.privacy.protocol import (
     no_amplification,
     rdp_accountant,
 )
-from fedapp.privacy.zcdp import eps_from_rho
+from fedpdm_flower.fedapp.privacy.zcdp import eps_from_rho
 from simulations.inprocess import LocalGrid
 
 POP = 10
@@ -83,7 +83,7 @@ def test_every_rigorous_bound_sits_above_the_exact_one(z: float, n: int) -> None
     eps = {k: a.get_epsilon(1e-5) for k, a in accs.items()}
     assert eps["gdp"] <= eps["pld"] * (1 + 1e-6)
     assert eps["pld"] < eps["rdp"] < eps["zcdp"]
-    # zCDP is the project's named accountant of DP-IADMM / DP-RECAL: the same figure as fedapp.privacy.zcdp
+    # zCDP is the project's named accountant of DP-IADMM / DP-RECAL: the same figure as fedpdm_flower.fedapp.privacy.zcdp
     assert eps["zcdp"] == pytest.approx(eps_from_rho(n / (2 * z * z), 1e-5), rel=1e-12)
 
 
@@ -169,11 +169,11 @@ def test_dp_fedpdm_accounts_each_client_on_the_server_and_stops_before_the_budge
     from torch import nn
     from torch.utils.data import DataLoader
 
-    from clients.broadcast import LEDGER
-    from clients.fedpdm import FedPDMClient
-    from fedapp.privacy import Eq36Calibration
+    from fedpdm_flower.clients.broadcast import LEDGER
+    from fedpdm_flower.clients.fedpdm import FedPDMClient
+    from fedpdm_flower.fedapp.privacy import Eq36Calibration
+    from fedpdm_flower.strategies.fedpdm import DPFedPDM
     from simulations.inprocess import run_clients
-    from strategies.fedpdm import DPFedPDM
 
     nodes, calib = 3, Eq36Calibration(epsilon=40.0, delta=1e-5, horizon=10)
 

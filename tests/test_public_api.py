@@ -16,18 +16,18 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from usertorch import TinyCNN, accuracy, images
 
-from clients.base import FedClient, as_flat_model
-from clients.fedavg import FedAvgClient
-from clients.fedpdm import FedPDMClient
-from fedapp.compression import RandK, TopK
-from fedapp.layout import ArrayLayout, LayoutMismatch
-from fedapp.localdata import ArrayData, TorchData, as_local_data
-from fedapp.models.torch_model import TorchModel
-from fedapp.privacy import Eq36Calibration
+from fedpdm_flower.clients.base import FedClient, as_flat_model
+from fedpdm_flower.clients.fedavg import FedAvgClient
+from fedpdm_flower.clients.fedpdm import FedPDMClient
+from fedpdm_flower.fedapp.compression import RandK, TopK
+from fedpdm_flower.fedapp.layout import ArrayLayout, LayoutMismatch
+from fedpdm_flower.fedapp.localdata import ArrayData, TorchData, as_local_data
+from fedpdm_flower.fedapp.models.torch_model import TorchModel
+from fedpdm_flower.fedapp.privacy import Eq36Calibration
+from fedpdm_flower.strategies.base import RoundFailed, arrays_of, client_error_text, record_of
+from fedpdm_flower.strategies.fedavg import FedAvg
+from fedpdm_flower.strategies.fedpdm import BSDPFedPDM, DPFedPDM
 from simulations.inprocess import run_clients
-from strategies.base import RoundFailed, arrays_of, client_error_text, record_of
-from strategies.fedavg import FedAvg
-from strategies.fedpdm import BSDPFedPDM, DPFedPDM
 
 torch.set_num_threads(1)
 
@@ -175,7 +175,7 @@ def test_api_md_server_snippet_runs_as_written_with_a_rigorous_privacy_target() 
     # ../shared/API.md's server side, its keyword names and values (10 nodes, 30 % per round, 5 rounds here)
     from flwr.supercore.privacy_accounting import PrivacySpent
 
-    from fedapp.privacy import PrivacyTarget
+    from fedpdm_flower.fedapp.privacy import PrivacyTarget
 
     strategy = BSDPFedPDM(fraction_train=0.3, min_available_nodes=10, rho=10.0, gamma=0.005, eta0=0.04,
                           uplink=TopK(0.1), downlink=TopK(0.75), privacy=PrivacyTarget(epsilon=8.0, delta=1e-5))

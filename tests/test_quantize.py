@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from fedapp.compression.codec import MalformedPayload
-from fedapp.compression.quantize import (
+from fedpdm_flower.fedapp.compression.codec import MalformedPayload
+from fedpdm_flower.fedapp.compression.quantize import (
     HEADER_BITS,
     WIRE_HEADER_BYTES,
     decode_float32,
@@ -342,7 +342,7 @@ def test_decode_message_dispatch() -> None:
 def test_codec_through_flower_array_record() -> None:
     # The payload is one uint8 array; Flower's ArrayRecord adds a constant (npy header + protobuf) overhead.
     flwr_app = pytest.importorskip("flwr.app")
-    from fedapp.wire import array_record, recorddict_nbytes
+    from fedpdm_flower.fedapp.wire import array_record, recorddict_nbytes
 
     overheads = []
     for n in (1, 1000, 44_426):

@@ -47,13 +47,13 @@ def snippet(marker: str = MARKER) -> str:
 
 def test_the_snippet_is_plain_user_code() -> None:
     code = snippet()
-    assert "fedapp.config" not in code and "fedapp.registry" not in code and "fedapp.task" not in code
+    assert "fedpdm_flower.fedapp.config" not in code and "fedpdm_flower.fedapp.registry" not in code and "fedpdm_flower.fedapp.task" not in code
     compile(code, "my_app.py", "exec")
 
 
 def test_the_wrappers_snippet_builds_what_it_says() -> None:
     """The "Building blocks" code constructs its strategies (the example app runs them through flwr run)."""
-    from strategies.wrappers import Compressed, Robust, SecureBuffers
+    from fedpdm_flower.strategies.wrappers import Compressed, Robust, SecureBuffers
 
     scope: dict[str, object] = {}
     exec(compile(snippet("<!-- snippet: wrappers -->"), "readme_wrappers.py", "exec"), scope)

@@ -10,7 +10,7 @@ import pytest
 from scipy.optimize import minimize_scalar
 from sklearn.linear_model import ElasticNet
 
-from fedapp.algorithms.recal import (
+from fedpdm_flower.fedapp.algorithms.recal import (
     MODES,
     AgentState,
     Baton,
@@ -35,9 +35,9 @@ from fedapp.algorithms.recal import (
     solve_elastic_net,
     split_agents,
 )
-from fedapp.algorithms.recal import synthetic_problem as synthetic
-from fedapp.apps.recal import load_mnist_problem
-from fedapp.data.sources import ArrayDataset, DatasetInfo
+from fedpdm_flower.fedapp.algorithms.recal import synthetic_problem as synthetic
+from fedpdm_flower.fedapp.apps.recal import load_mnist_problem
+from fedpdm_flower.fedapp.data.sources import ArrayDataset, DatasetInfo
 
 N = 8
 RING = [[(i - 1) % N, (i + 1) % N] for i in range(N)]
@@ -378,7 +378,7 @@ def test_data_helpers() -> None:
 
 
 def test_load_mnist_problem_on_fake_mnist(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedapp.data import sources
+    from fedpdm_flower.fedapp.data import sources
 
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (80, 6)).astype(np.float64) / 255.0

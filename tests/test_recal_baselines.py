@@ -1,8 +1,8 @@
-"""Table V baselines of DP-RECAL (fedapp/algorithms/recal_baselines.py): spec dp_recal.md 5.6, 5.7, 6.1, 7.7, A13.
+"""Table V baselines of DP-RECAL (fedpdm_flower/fedapp/algorithms/recal_baselines.py): spec dp_recal.md 5.6, 5.7, 6.1, 7.7, A13.
 
 Noise-free PG-EXTRA / NIDS / RW-ADMM reach the FISTA x* on the 8-ring; the per-agent functions (what a Flower client
 runs) equal the vectorised simulators bit for bit; the DP noise follows sigma_t = sigma_1 R^{-(t-1)/2} from the
-stateless streams and is calibrated with the section-4.5 formulas of fedapp.privacy.zcdp; the communication
+stateless streams and is calibrated with the section-4.5 formulas of fedpdm_flower.fedapp.privacy.zcdp; the communication
 constants reproduce Table V's Comm. column.
 """
 
@@ -14,10 +14,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from fedapp import topology
-from fedapp.algorithms.recal import ElasticNetProblem, FloatArray, solve_elastic_net
-from fedapp.algorithms.recal import synthetic_problem as synthetic
-from fedapp.algorithms.recal_baselines import (
+from fedpdm_flower.fedapp import topology
+from fedpdm_flower.fedapp.algorithms.recal import ElasticNetProblem, FloatArray, solve_elastic_net
+from fedpdm_flower.fedapp.algorithms.recal import synthetic_problem as synthetic
+from fedpdm_flower.fedapp.algorithms.recal_baselines import (
     ALGORITHMS,
     STREAM_NIDS,
     STREAM_PG_EXTRA,
@@ -52,7 +52,7 @@ from fedapp.algorithms.recal_baselines import (
     simulate_pg_extra,
     simulate_rw_admm,
 )
-from fedapp.privacy import zcdp
+from fedpdm_flower.fedapp.privacy import zcdp
 
 RING8 = topology.ring(8)
 Simulator = Callable[..., BaselineResult]

@@ -1,7 +1,7 @@
-"""DP-RECAL's Table V baselines on Flower (strategies/recal_baselines.py, clients/recal_baselines.py).
+"""DP-RECAL's Table V baselines on Flower (fedpdm_flower/strategies/recal_baselines.py, fedpdm_flower/clients/recal_baselines.py).
 
 The Flower strategies driven in-process (simulations.inprocess.run_inprocess, the same RecordDicts and
-context.state as a Flower run) against the framework-free simulators of fedapp.algorithms.recal_baselines, bit for
+context.state as a Flower run) against the framework-free simulators of fedpdm_flower.fedapp.algorithms.recal_baselines, bit for
 bit with the DP noise on; the failure rules; bad run configs; and one real `flwr run` simulation of dp-nids
 against the in-process driver.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clients.decentralized import load_state
-from fedapp.algorithms.recal import relative_error
-from fedapp.algorithms.recal_baselines import (
+from fedpdm_flower.clients.decentralized import load_state
+from fedpdm_flower.fedapp.algorithms.recal import relative_error
+from fedpdm_flower.fedapp.algorithms.recal_baselines import (
     STREAM_NIDS,
     STREAM_PG_EXTRA,
     NidsState,
@@ -35,13 +35,13 @@ from fedapp.algorithms.recal_baselines import (
     simulate_pg_extra,
     simulate_rw_admm,
 )
-from fedapp.apps.recal import recal_problem, reference_solution, start_point
-from fedapp.config import ConfigError, parse_run_config
-from fedapp.privacy import zcdp
-from fedapp.runner import build_strategy, finish
+from fedpdm_flower.fedapp.apps.recal import recal_problem, reference_solution, start_point
+from fedpdm_flower.fedapp.config import ConfigError, parse_run_config
+from fedpdm_flower.fedapp.privacy import zcdp
+from fedpdm_flower.fedapp.runner import build_strategy, finish
+from fedpdm_flower.strategies.base import RoundFailed
+from fedpdm_flower.strategies.recal_baselines import DPNids, DPPGExtra, DPRWAdmm
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
-from strategies.base import RoundFailed
-from strategies.recal_baselines import DPNids, DPPGExtra, DPRWAdmm
 
 BASE: dict[str, Any] = {"dataset": "mnist", "num-clients": 8, "clients-per-round": 8, "recal-samples": 2000,
                         "recal-epsilon": 10.0, "eval-every": 1}
@@ -227,7 +227,7 @@ def test_bad_baseline_configs_name_the_key(algorithm: str, overrides: dict[str, 
 
 
 def test_the_data_free_sensitivity_is_what_registration_computes() -> None:
-    from fedapp.algorithms.recal_baselines import data_free_sensitivity
+    from fedpdm_flower.fedapp.algorithms.recal_baselines import data_free_sensitivity
 
     for algorithm in ("dp-pg-extra", "dp-nids", "dp-rw-admm"):
         s, _, cfg = run(algorithm, **{"num-server-rounds": 1})

@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp import topology
-from fedapp.algorithms.recal import simulate_dprecal
-from fedapp.apps.recal import recal_problem, reference_solution, start_point
-from fedapp.config import ConfigError, RunConfig, parse_run_config
-from fedapp.privacy import zcdp
+from fedpdm_flower.fedapp import topology
+from fedpdm_flower.fedapp.algorithms.recal import simulate_dprecal
+from fedpdm_flower.fedapp.apps.recal import recal_problem, reference_solution, start_point
+from fedpdm_flower.fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedpdm_flower.fedapp.privacy import zcdp
+from fedpdm_flower.strategies.recal import DPRECAL
 from simulations.inprocess import run_inprocess
-from strategies.recal import DPRECAL
 
 BASE: dict[str, Any] = {"algorithm": "dp-recal", "dataset": "mnist", "num-clients": 8, "clients-per-round": 8,
                         "num-server-rounds": 60, "recal-samples": 2000, "eval-every": 20}
@@ -28,7 +28,7 @@ def run(**kw: Any) -> tuple[DPRECAL, RunConfig]:
 
 @pytest.mark.parametrize("mode", ["exact", "private"])
 def test_flower_strategy_matches_the_reference_simulator_bit_for_bit(mode: str) -> None:
-    """Same walk (fedapp.topology), same noise streams, same sigma_1: the baton x after K hops is identical."""
+    """Same walk (fedpdm_flower.fedapp.topology), same noise streams, same sigma_1: the baton x after K hops is identical."""
     s, cfg = run(**{"recal-mode": mode, "recal-epsilon": 10.0})
     graph = s.graph
     assert graph is not None
@@ -77,7 +77,7 @@ def test_stop_on_budget_ends_before_any_agent_exceeds_the_plan() -> None:
 
 def test_a_holder_that_fails_twice_stops_the_run() -> None:
     cfg = parse_run_config({**BASE, "num-server-rounds": 5})
-    from fedapp.runner import build_strategy
+    from fedpdm_flower.fedapp.runner import build_strategy
     from simulations.inprocess import make_contexts, run_rounds
 
     strategy = build_strategy(cfg)

@@ -1,6 +1,6 @@
 """DP-RECAL and its baselines as a Flower user meets them: the agents' own local problems, defined only here.
 
-Nothing comes from the reproduction app (run config, dataset registry, fedapp.apps): each agent's smooth loss, its
+Nothing comes from the reproduction app (run config, dataset registry, fedpdm_flower.fedapp.apps): each agent's smooth loss, its
 data and its L_i are the user's, the strategies are built with keywords, and the runs go through
 ``simulations.inprocess.run_clients`` (the messages a Flower simulation carries). The truth they are checked
 against is independent: the normal equations of the pooled problem, and scikit-learn's ElasticNet.
@@ -18,12 +18,12 @@ from numpy.typing import NDArray
 from sklearn.linear_model import ElasticNet
 from torch import nn
 
-from clients.recal import RecalClient
-from clients.recal_baselines import NidsClient, PGExtraClient, RWAdmmClient
+from fedpdm_flower.clients.recal import RecalClient
+from fedpdm_flower.clients.recal_baselines import NidsClient, PGExtraClient, RWAdmmClient
+from fedpdm_flower.strategies.base import RoundFailed
+from fedpdm_flower.strategies.recal import DPRECAL
+from fedpdm_flower.strategies.recal_baselines import DPNids, DPPGExtra, DPRWAdmm
 from simulations.inprocess import run_clients
-from strategies.base import RoundFailed
-from strategies.recal import DPRECAL
-from strategies.recal_baselines import DPNids, DPPGExtra, DPRWAdmm
 
 torch.set_num_threads(1)
 N, Q = 5, 4

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedapp.config import parse_run_config
-from fedapp.runner import finish
+from fedpdm_flower.fedapp.config import parse_run_config
+from fedpdm_flower.fedapp.runner import finish
 from simulations.inprocess import run_inprocess
 
 ROUND_KEYS = {"round", "test_accuracy", "test_loss", "objective_gap", "epsilon", "delta", "uplink_bytes",

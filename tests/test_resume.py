@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp.checkpoint import CHECKPOINT_DIR, decode_state, encode_state, read_checkpoint, write_checkpoint
+from fedpdm_flower.fedapp.checkpoint import (
+    CHECKPOINT_DIR,
+    decode_state,
+    encode_state,
+    read_checkpoint,
+    write_checkpoint,
+)
 from simulations.__main__ import EXIT_CONFIG, EXIT_FAILED, main
 
 #: per-round fields that must agree (wall_s and the timestamps are the only ones that may not)
@@ -176,8 +182,8 @@ def test_server_accountants_survive_a_checkpoint() -> None:
     from flwr.app import Array, ArrayRecord
     from flwr.serverapp.exception import PrivacyBudgetExhausted
 
-    from fedapp.privacy.protocol import GdpAccountant, no_amplification
-    from strategies.fedpdm import DPFedPDM
+    from fedpdm_flower.fedapp.privacy.protocol import GdpAccountant, no_amplification
+    from fedpdm_flower.strategies.fedpdm import DPFedPDM
 
     def strategy() -> DPFedPDM:
         s = DPFedPDM(min_available_nodes=3, accountant=lambda: GdpAccountant(no_amplification(1e-5, 3, max_epsilon=4.0)),
@@ -208,7 +214,7 @@ def test_node_state_snapshots_roll_back_to_the_round_before(tmp_path: Path) -> N
     behind the node), the two latest are kept, and another run token sees nothing."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-    from fedapp.client_app import persist_state, restore_state, state_files
+    from fedpdm_flower.fedapp.client_app import persist_state, restore_state, state_files
 
     token = "ab" * 16
 

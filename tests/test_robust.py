@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from fedapp.robust import (
+from fedpdm_flower.fedapp.robust import (
     AGGREGATORS,
     aggregate,
     centered_clipping,
@@ -242,7 +242,7 @@ def test_registry_and_aggregate() -> None:
 
 def test_configured_callables_are_the_functions_with_their_settings() -> None:
     """``agg = GeometricMedian(iters=5); agg(vectors)``: the same numbers as the functions (bit for bit)."""
-    from fedapp.robust import Aggregator, CenteredClipping, GeometricMedian, Mean, TrimmedMean
+    from fedpdm_flower.fedapp.robust import Aggregator, CenteredClipping, GeometricMedian, Mean, TrimmedMean
 
     b = np.random.default_rng(7).normal(size=(9, 5))
     b[0] += 40.0

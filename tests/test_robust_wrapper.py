@@ -15,9 +15,9 @@ import pytest
 from flwr.serverapp.strategy import FedAdam, FedAvg
 from userapp import initial, loss, user_app
 
-from clients.mods import secure_buffers_mod
-from fedapp import secagg
-from fedapp.robust import (
+from fedpdm_flower.clients.mods import secure_buffers_mod
+from fedpdm_flower.fedapp import secagg
+from fedpdm_flower.fedapp.robust import (
     Bucketing,
     CenteredClipping,
     CoordinateMedian,
@@ -27,8 +27,8 @@ from fedapp.robust import (
     NearestNeighborMixing,
     TrimmedMean,
 )
+from fedpdm_flower.strategies.wrappers import Compressed, Robust, SecureBuffers, StrategyWrapper
 from simulations.inprocess import LocalGrid
-from strategies.wrappers import Compressed, Robust, SecureBuffers, StrategyWrapper
 
 
 def strategy(cls: Any = FedAvg, n: int = 8, **kw: Any) -> Any:
@@ -132,7 +132,7 @@ def test_robust_refuses_what_cannot_work() -> None:
 
 
 def test_the_compositions_that_cannot_work_are_refused_with_the_reason() -> None:
-    from fedapp.compression.codecs import TopK
+    from fedpdm_flower.fedapp.compression.codecs import TopK
 
     for build, why in [
         (lambda: Robust(SecureBuffers(strategy()), GeometricMedian()), "masked"),
@@ -149,8 +149,8 @@ def test_the_compositions_that_cannot_work_are_refused_with_the_reason() -> None
 
 
 def test_compressed_around_robust_resists_the_attack_on_a_fraction_of_the_uplink() -> None:
-    from clients.mods import compress_mod
-    from fedapp.compression.codecs import Quantizer
+    from fedpdm_flower.clients.mods import compress_mod
+    from fedpdm_flower.fedapp.compression.codecs import Quantizer
 
     start = loss(initial())
     result = run(Compressed(Robust(strategy(), GeometricMedian()), uplink=Quantizer(4), seed=0),

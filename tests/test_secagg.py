@@ -1,4 +1,4 @@
-"""Tests of the threshold secure aggregation's math (fedapp/secagg.py; FedREP spec 3.1, 4.3, 11.6, 11.19, 12 items
+"""Tests of the threshold secure aggregation's math (fedpdm_flower/fedapp/secagg.py; FedREP spec 3.1, 4.3, 11.6, 11.19, 12 items
 9-10; issue 18): the one protocol SecureBuffers and FedREP share.
 
 Each test checks against an independent truth: plain integer sums of the unmasked quantized vectors, plain float
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
-from fedapp.secagg import (
+from fedpdm_flower.fedapp.secagg import (
     DEFAULT_CLIP,
     DEFAULT_LEVELS,
     MODULUS,
@@ -144,7 +144,7 @@ def test_cryptography_fallback_matches_flower() -> None:
     """The fallbacks used when flwr lacks the primitives produce the same formats and the same shared key."""
     from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 
-    from fedapp import secagg
+    from fedpdm_flower.fedapp import secagg
 
     helpers = secagg._cryptography_keypair_helpers()
     sk_a, pk_a = helpers["generate_key_pairs"]()

@@ -17,10 +17,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from userapp import D, initial, loss, reference_update, user_app
 
-from clients.mods import secure_buffers_mod
-from fedapp import secagg
+from fedpdm_flower.clients.mods import secure_buffers_mod
+from fedpdm_flower.fedapp import secagg
+from fedpdm_flower.strategies.wrappers import SecureBuffers
 from simulations.inprocess import LocalGrid
-from strategies.wrappers import SecureBuffers
 
 N = 8
 IDENTITIES = [secagg.NodeIdentity.generate() for _ in range(N + 1)]  # the last one is nobody's peer

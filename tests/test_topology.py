@@ -1,4 +1,4 @@
-"""Tests for fedapp.topology: graphs, the relay walk (dp_recal.md 3, 9 items 1-5), LCI and mixing weights."""
+"""Tests for fedpdm_flower.fedapp.topology: graphs, the relay walk (dp_recal.md 3, 9 items 1-5), LCI and mixing weights."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from fedapp.topology import (
+from fedpdm_flower.fedapp.topology import (
     STREAM_WALK,
     CommCounters,
     Graph,

@@ -17,10 +17,10 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from userapp import D, initial, loss, user_app
 
-from clients.mods import MEMORY, compress_mod
-from fedapp.compression.codecs import Quantizer, RandK, TopK, codec_from_spec
+from fedpdm_flower.clients.mods import MEMORY, compress_mod
+from fedpdm_flower.fedapp.compression.codecs import Quantizer, RandK, TopK, codec_from_spec
+from fedpdm_flower.strategies.wrappers import Compressed, StrategyWrapper
 from simulations.inprocess import LocalGrid
-from strategies.wrappers import Compressed, StrategyWrapper
 
 
 def run(strategy: Any, app: ClientApp, rounds: int = 6, nodes: int = 4) -> tuple[Any, LocalGrid]:

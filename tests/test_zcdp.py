@@ -1,7 +1,7 @@
 """Tests of DP-RECAL's zCDP accounting (spec dp_recal.md sections 4.2-4.7, 8 A2/A3, 9 items 6-11).
 
 Every spec constant is derived by hand in a comment and recomputed with 50-digit mpmath from the closed forms
-(independently of fedapp.privacy.zcdp) before our float64 functions are asserted against it.
+(independently of fedpdm_flower.fedapp.privacy.zcdp) before our float64 functions are asserted against it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp.privacy.zcdp import (
+from fedpdm_flower.fedapp.privacy.zcdp import (
     ActivationLedger,
     CalibrationOverflowError,
     calibrate_sigma1,

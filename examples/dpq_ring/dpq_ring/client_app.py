@@ -6,8 +6,8 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from clients.dpq import DPQClient
 from dpq_ring.task import Net, load_partition, load_test
+from fedpdm_flower.clients.dpq import DPQClient
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from dpq_ring.task import Net, evaluate, load_test
-from strategies.dpq import DPQDSGD
+from fedpdm_flower.strategies.dpq import DPQDSGD
 
 app = ServerApp()
 

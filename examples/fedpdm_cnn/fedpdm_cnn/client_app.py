@@ -6,8 +6,8 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from clients.fedpdm import FedPDMClient
 from fedpdm_cnn.task import Net, load_partition
+from fedpdm_flower.clients.fedpdm import FedPDMClient
 
 torch.set_num_threads(1)
 

@@ -9,10 +9,10 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from fedapp.compression import TopK
-from fedapp.privacy import Eq36Calibration
 from fedpdm_cnn.task import Net, evaluate, load_test
-from strategies.fedpdm import BSDPFedPDM
+from fedpdm_flower.fedapp.compression import TopK
+from fedpdm_flower.fedapp.privacy import Eq36Calibration
+from fedpdm_flower.strategies.fedpdm import BSDPFedPDM
 
 app = ServerApp()
 

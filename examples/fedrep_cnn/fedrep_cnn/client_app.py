@@ -10,9 +10,9 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from clients.fedrep import FedREPClient
-from clients.secure import SecureDevice
-from fedapp.secagg import NodeIdentity, TrustStore
+from fedpdm_flower.clients.fedrep import FedREPClient
+from fedpdm_flower.clients.secure import SecureDevice
+from fedpdm_flower.fedapp.secagg import NodeIdentity, TrustStore
 from fedrep_cnn.task import Net, load_partition
 
 torch.set_num_threads(1)

@@ -9,10 +9,10 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from fedapp.compression import ConSpar
-from fedapp.robust import GeometricMedian
+from fedpdm_flower.fedapp.compression import ConSpar
+from fedpdm_flower.fedapp.robust import GeometricMedian
+from fedpdm_flower.strategies.fedrep import FedREP
 from fedrep_cnn.task import Net, evaluate, load_test
-from strategies.fedrep import FedREP
 
 app = ServerApp()
 

@@ -6,7 +6,7 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from clients.iadmm import IADMMClient
+from fedpdm_flower.clients.iadmm import IADMMClient
 from iadmm_mlp.task import Net, load_partition
 
 torch.set_num_threads(1)

@@ -9,8 +9,8 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from fedpdm_flower.strategies.iadmm import ObjPM
 from iadmm_mlp.task import Net, evaluate, load_test
-from strategies.iadmm import ObjPM
 
 app = ServerApp()
 

@@ -9,10 +9,10 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.distributed_dp import DeviceSkellam
-from clients.dpsgd import DeviceDPSGD
-from clients.mods import compress_mod, secure_buffers_mod
-from fedapp.secagg import NodeIdentity, TrustStore
+from fedpdm_flower.clients.distributed_dp import DeviceSkellam
+from fedpdm_flower.clients.dpsgd import DeviceDPSGD
+from fedpdm_flower.clients.mods import compress_mod, secure_buffers_mod
+from fedpdm_flower.fedapp.secagg import NodeIdentity, TrustStore
 from wrapped_fedavg.task import Net, load_partition, train
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fedapp.secagg import NodeIdentity, TrustStore
+from fedpdm_flower.fedapp.secagg import NodeIdentity, TrustStore
 
 
 def provision(keys_dir: Path, num_nodes: int) -> None:

@@ -11,11 +11,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedapp.compression.codecs import TopK
-from fedapp.robust import GeometricMedian
-from strategies.central_dp import CentralDP
-from strategies.distributed_dp import DistributedDP
-from strategies.wrappers import Compressed, Robust, SecureBuffers
+from fedpdm_flower.fedapp.compression.codecs import TopK
+from fedpdm_flower.fedapp.robust import GeometricMedian
+from fedpdm_flower.strategies.central_dp import CentralDP
+from fedpdm_flower.strategies.distributed_dp import DistributedDP
+from fedpdm_flower.strategies.wrappers import Compressed, Robust, SecureBuffers
 from wrapped_fedavg.task import Net, evaluate, load_test
 
 torch.set_num_threads(1)

@@ -1,0 +1,182 @@
+"""Per-round checkpoints of a run's server side, and the resume that continues a run from the last one.
+
+A checkpoint is two files in ``<out-dir>/checkpoint/``:
+
+* ``state.json``: the run config, the round, the history and every JSON-able piece of the strategy's state
+  (:meth:`fedpdm_flower.strategies.base.FederatedStrategy.state_dict`), with each numpy array replaced by a reference
+  ``{"__array__": "<name>"}``;
+* ``arrays-<round>.npz``: those arrays (float64 models, duals, control variates, ...), bit for bit.
+
+The round's npz is written first, then ``state.json``, which names its npz and the npz's SHA-256; each file is
+written to a temporary name, flushed to disk and moved into place with ``os.replace`` (atomic on POSIX). A crash at
+any point therefore leaves either the previous complete checkpoint or the new one, never a torn one; the previous
+round's npz is removed only after the new ``state.json`` is in place.
+
+Nothing is unpickled: JSON, and npz with ``allow_pickle=False``. The checkpoint is still trusted input in one
+sense: it sets the server's state (the model, the privacy figures), so out-dir must be the operator's own
+directory, as the results in it are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CheckpointError",
+    "atomic_write",
+    "config_differences",
+    "decode_state",
+    "encode_state",
+    "read_checkpoint",
+    "write_checkpoint",
+]
+
+#: sub-directory of out-dir that holds the checkpoint
+CHECKPOINT_DIR = "checkpoint"
+STATE_FILE = "state.json"
+FORMAT = 1
+#: run-config keys that may differ between the crashed run and the resumed one
+RESUME_FREE_KEYS = ("resume", "crash-after-round", "node-wait-s")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, torn, of another run config, or cannot be applied; the message says which."""
+
+
+def encode_state(obj: Any, arrays: dict[str, np.ndarray[Any, Any]], prefix: str = "a") -> Any:
+    """``obj`` as JSON-able data, its numpy arrays moved into ``arrays`` (named ``prefix<n>``) and referenced.
+
+    Handles dicts (any hashable JSON-able keys: non-string keys are kept as ``{"__items__": [[k, v], ...]}``), lists,
+    tuples, sets, numpy scalars and arrays, and Python scalars. Floats round-trip exactly (``repr``), NaN and
+    infinities included (``{"__float__": "nan"}``).
+    """
+    if isinstance(obj, np.ndarray):
+        name = f"{prefix}{len(arrays)}"
+        arrays[name] = np.array(obj, copy=True)
+        return {"__array__": name}
+    if isinstance(obj, np.generic):
+        return encode_state(obj.item(), arrays, prefix)
+    if isinstance(obj, bool) or obj is None or isinstance(obj, int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: encode_state(v, arrays, prefix) for k, v in obj.items()}
+        return {"__items__": [[encode_state(k, arrays, prefix), encode_state(v, arrays, prefix)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode_state(v, arrays, prefix) for v in obj]}
+    if isinstance(obj, set | frozenset):
+        return {"__set__": [encode_state(v, arrays, prefix) for v in sorted(obj)]}
+    if isinstance(obj, list):
+        return [encode_state(v, arrays, prefix) for v in obj]
+    raise CheckpointError(f"cannot checkpoint a {type(obj).__name__} ({obj!r:.80}): a strategy's state_dict must hold "
+                          "numpy arrays, numbers, strings, None and lists / tuples / sets / dicts of them")
+
+
+def decode_state(obj: Any, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Any:
+    """The inverse of :func:`encode_state`."""
+    if isinstance(obj, list):
+        return [decode_state(v, arrays) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__array__" in obj:
+        return np.array(arrays[obj["__array__"]], copy=True)
+    if "__float__" in obj:
+        return float(obj["__float__"])
+    if "__items__" in obj:
+        return {_hashable(decode_state(k, arrays)): decode_state(v, arrays) for k, v in obj["__items__"]}
+    if "__tuple__" in obj:
+        return tuple(decode_state(v, arrays) for v in obj["__tuple__"])
+    if "__set__" in obj:
+        return {_hashable(decode_state(v, arrays)) for v in obj["__set__"]}
+    return {k: decode_state(v, arrays) for k, v in obj.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list | tuple) else key
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory, fsync'ed, then os.replace."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_checkpoint(out: Path, server_round: int, run_config: Mapping[str, Any], state: Mapping[str, Any],
+                     extra: Mapping[str, Any] | None = None) -> Path:
+    """Write the checkpoint of ``server_round`` (the strategy's ``state``) into ``out/checkpoint``; return its dir."""
+    ckpt = out / CHECKPOINT_DIR
+    ckpt.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    encoded = encode_state(dict(state), arrays)
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    blob = buf.getvalue()
+    npz = f"arrays-{server_round:06d}.npz"
+    atomic_write(ckpt / npz, blob)
+    doc = {"format": FORMAT, "round": server_round, "run_config": dict(run_config), "arrays": npz,
+           "arrays_sha256": hashlib.sha256(blob).hexdigest(), "state": encoded, **dict(extra or {})}
+    atomic_write(ckpt / STATE_FILE, json.dumps(doc, indent=1, allow_nan=False).encode())
+    for old in ckpt.glob("arrays-*.npz"):  # the state.json in place no longer names them
+        if old.name != npz:
+            old.unlink(missing_ok=True)
+    return ckpt
+
+
+def read_checkpoint(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the checkpoint document without its state, the decoded state) of ``out/checkpoint``.
+
+    Raises CheckpointError naming the file when there is no complete checkpoint.
+    """
+    ckpt = out / CHECKPOINT_DIR
+    path = ckpt / STATE_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint to resume from: {path} does not exist (a run writes it after each "
+                              "round into its out-dir; resume needs the crashed run's out-dir)")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {err}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")
+    npz = ckpt / str(doc["arrays"])
+    try:
+        blob = npz.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"the checkpoint's arrays {npz} cannot be read: {err.strerror or err}") from None
+    if hashlib.sha256(blob).hexdigest() != doc["arrays_sha256"]:
+        raise CheckpointError(f"the checkpoint's arrays {npz} do not match the SHA-256 that {path} records")
+    import io
+
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    state = decode_state(doc.pop("state"), arrays)
+    return doc, state
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The run-config keys (other than RESUME_FREE_KEYS) whose values differ, as ``key: saved -> current``."""
+    keys = sorted((set(saved) | set(current)) - set(RESUME_FREE_KEYS))
+    return [f"{k}: {saved.get(k, '<unset>')!r} -> {current.get(k, '<unset>')!r}" for k in keys
+            if saved.get(k) != current.get(k)]

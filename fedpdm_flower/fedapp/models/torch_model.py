@@ -1,0 +1,235 @@
+"""A user's torch ``nn.Module`` seen as the flat vector x of :class:`fedpdm_flower.fedapp.layout.ArrayLayout`.
+
+The layout is the module's ``state_dict`` order, so ``ArrayRecord(net.state_dict())`` on the server and this
+adapter on the client agree on what coordinate j of x is. Floating-point parameters and buffers are in x; integer
+buffers (BatchNorm's ``num_batches_tracked``) are carried unchanged.
+
+Two views of training, for the two kinds of local solver in this project:
+
+* **numpy-style** (FedPDM, the local-SGD baselines, IADMM, DPQ-DSGD): :meth:`TorchModel.grad` loads x into the
+  module and returns the flat gradient of the user's loss on a mini-batch as a float64 numpy vector, with zeros on
+  buffer coordinates (a buffer is not a trained variable). The solver does its arithmetic on x;
+* **in-place** (FedREP's momentum SGD): :meth:`batch_gradient` / :meth:`add_to_trainable` work on the module's
+  parameters directly (torch tensors over the trainable entries, in state-dict order), and :meth:`get_flat` reads
+  the result back -- including buffers that the forward passes updated (BatchNorm running statistics).
+
+The model is the user's; we never change its architecture. Tied (shared) parameters appear twice in a state dict
+and are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray
+
+__all__ = ["TorchModel"]
+
+
+def _to_tensor(value: Any, device: torch.device, *, floating: bool) -> torch.Tensor:
+    """A batch as a tensor on ``device``; float64 numpy inputs become float32 (torch's default parameter dtype)."""
+    if isinstance(value, torch.Tensor):
+        t = value
+    else:
+        arr = np.asarray(value)
+        if floating and arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        elif not arr.flags.writeable:  # torch refuses to wrap read-only memory (e.g. a memory-mapped dataset)
+            arr = arr.copy()
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    return t.to(device)
+
+
+class TorchModel:
+    """The flat-vector interface (``dim``, ``grad``, ``loss``, ``accuracy``) over a torch module.
+
+    Parameters
+    ----------
+    module
+        The user's network. Its current weights are the client's starting point until a message sets them.
+    loss_fn
+        ``loss_fn(outputs, targets) -> scalar tensor`` with mean reduction over the batch (default
+        ``nn.CrossEntropyLoss()``). The DP sensitivities of this project bound the norm of this loss's gradient by
+        clipping; any differentiable loss works.
+    device
+        Where the forward and backward passes run (default "cpu").
+    eval_batch
+        Samples per forward pass in :meth:`loss` / :meth:`accuracy` (default 1024).
+    input_transform
+        Optional map applied to each input batch before the forward pass (e.g. reshaping flat features).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        eval_batch: int = 1024,
+        input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"expected a torch nn.Module, got {type(module).__name__}")
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        self.loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+        self.eval_batch = int(eval_batch)
+        self.input_transform = input_transform
+        state = module.state_dict(keep_vars=True)
+        seen: dict[int, str] = {}
+        for name, t in state.items():
+            key = id(t)
+            if key in seen:
+                raise ValueError(f"state-dict entries {seen[key]!r} and {name!r} are the same (tied) tensor: "
+                                 "tied parameters are not supported, untie them or train one copy")
+            seen[key] = name
+        self.layout = ArrayLayout.of({k: v.detach().cpu().numpy() for k, v in state.items()})
+        # (tensor, slice of x) for every floating-point entry, in layout order
+        self._slots = [(state[e.name], slice(e.offset, e.offset + e.size))
+                       for e in self.layout.entries if e.offset is not None]
+        self._params = [t for t, _ in self._slots if isinstance(t, nn.Parameter)]
+        self._param_slices = [s for t, s in self._slots if isinstance(t, nn.Parameter)]
+        self.num_trainable = sum(p.numel() for p in self._params)
+        #: float buffers (BatchNorm running statistics): data-dependent state outside the gradient
+        self.buffer_names = [e.name for (t, _), e in zip(self._slots, (e for e in self.layout.entries if e.in_vector),
+                                                          strict=True) if not isinstance(t, nn.Parameter)]
+
+    @property
+    def dim(self) -> int:
+        """d: the floating-point entries of the state dict."""
+        return self.layout.dim
+
+    @property
+    def has_float_buffers(self) -> bool:
+        """True when the module has floating-point buffers (e.g. BatchNorm running statistics)."""
+        return bool(self.buffer_names)
+
+    # ------------------------------------------------------------------ flat vector <-> module
+    def state_arrays(self) -> dict[str, NDArray[Any]]:
+        """The module's state dict as numpy arrays (what ``ArrayRecord(net.state_dict())`` holds)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.module.state_dict().items()}
+
+    def get_flat(self) -> FloatArray:
+        """x: the module's floating-point state as a float64 copy."""
+        with torch.no_grad():
+            return torch.cat([t.detach().reshape(-1).double().cpu() for t, _ in self._slots]).numpy()
+
+    def set_flat(self, x: NDArray[Any], *, buffers: bool = True) -> None:
+        """Load x into the module (cast to each tensor's dtype); ``buffers=False`` leaves the buffers as they are."""
+        vec = np.asarray(x)
+        if vec.shape != (self.dim,):
+            raise ValueError(f"parameter vector has shape {vec.shape}, expected ({self.dim},)")
+        src = torch.from_numpy(np.ascontiguousarray(vec))
+        with torch.no_grad():
+            for t, s in self._slots:
+                if buffers or isinstance(t, nn.Parameter):
+                    t.copy_(src[s].view_as(t))
+
+    def init(self, rng: np.random.Generator, std: float = 0.0) -> FloatArray:
+        """torch's default initialisation of every submodule, seeded from ``rng`` (``std`` is unused)."""
+        torch.manual_seed(int(rng.integers(0, 2**31 - 1)))
+        for m in self.module.modules():
+            reset = getattr(m, "reset_parameters", None)
+            if m is not self.module and callable(reset):
+                reset()
+        return self.get_flat()
+
+    # ------------------------------------------------------------------ data
+    def inputs(self, features: Any) -> torch.Tensor:
+        """A batch of inputs as a float tensor on the device (``input_transform`` applied)."""
+        x = _to_tensor(features, self.device, floating=True)
+        return self.input_transform(x) if self.input_transform is not None else x
+
+    def targets(self, labels: Any) -> torch.Tensor:
+        """A batch of targets as a tensor on the device (integer class labels become int64)."""
+        t = _to_tensor(labels, self.device, floating=True)
+        return t.long() if not torch.is_floating_point(t) else t
+
+    # ------------------------------------------------------------------ in-place training primitives
+    def batch_gradient(self, features: Any, labels: Any) -> tuple[torch.Tensor, float]:
+        """Gradient of the loss over the trainable entries (state-dict order) at the module's current weights,
+        in train mode (BatchNorm uses batch statistics and updates its running buffers), and the batch loss."""
+        self.module.train()
+        self.module.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.module(self.inputs(features)), self.targets(labels))
+        loss.backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        return torch.cat([g.reshape(-1) for g in grads]).cpu(), float(loss.item())
+
+    def add_to_trainable(self, delta: torch.Tensor) -> None:
+        """Trainable entries += delta (in place)."""
+        with torch.no_grad():
+            off = 0
+            for p in self._params:
+                n = p.numel()
+                p.add_(delta[off:off + n].view_as(p).to(p.device, p.dtype))
+                off += n
+
+    # ------------------------------------------------------------------ numpy-style interface
+    def grad(self, x: NDArray[Any], features: Any, labels: Any) -> FloatArray:
+        """Flat gradient (float64, d entries, zeros on buffers) of the mini-batch loss at x."""
+        self.set_flat(x, buffers=False)
+        g, _ = self.batch_gradient(features, labels)
+        out = np.zeros(self.dim)
+        gn = g.double().numpy()
+        off = 0
+        for s in self._param_slices:
+            n = s.stop - s.start
+            out[s] = gn[off:off + n]
+            off += n
+        return out
+
+    def per_sample_grads(self, x: NDArray[Any], features: Any, labels: Any) -> FloatArray:
+        """Gradient of the loss of each sample at x, shape (n, d), float64, zeros on buffer coordinates.
+
+        Row i is the gradient of ``loss_fn`` on sample i alone (a batch of one), computed for all samples at once
+        with ``torch.func.vmap``; what DP mechanisms that clip every sample's gradient need. Train mode, as
+        :meth:`grad`; dropout draws a different mask per sample. Memory is n x d: callers pass chunks.
+        """
+        from torch.func import functional_call, grad, vmap
+
+        self.set_flat(x, buffers=False)
+        self.module.train()
+        params = {k: p.detach() for k, p in self.module.named_parameters()}
+        buffers = {k: b.detach() for k, b in self.module.named_buffers()}
+
+        def sample_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+            out = functional_call(self.module, (p, buffers), (xi.unsqueeze(0),))
+            return self.loss_fn(out, yi.unsqueeze(0))
+
+        inputs, targets = self.inputs(features), self.targets(labels)
+        grads = vmap(grad(sample_loss), in_dims=(None, 0, 0), randomness="different")(params, inputs, targets)
+        out = np.zeros((len(inputs), self.dim))
+        for name, s in self.layout.slices().items():
+            if name in grads:  # parameters only: a buffer is not a trained variable
+                out[:, s] = grads[name].reshape(len(inputs), -1).double().cpu().numpy()
+        return out
+
+    def _outputs(self, x: NDArray[Any], features: Any) -> torch.Tensor:
+        self.set_flat(x)
+        self.module.eval()
+        inputs = self.inputs(features)
+        with torch.no_grad():
+            return torch.cat([self.module(inputs[i:i + self.eval_batch]) for i in range(0, len(inputs), self.eval_batch)])
+
+    def evaluate(self, x: NDArray[Any], features: Any, labels: Any) -> tuple[float, float]:
+        """(accuracy, loss) of x in eval mode with one forward pass (accuracy: argmax of the outputs)."""
+        out = self._outputs(x, features)
+        y = self.targets(labels)
+        loss = float(self.loss_fn(out, y))
+        acc = float((out.argmax(dim=1) == y).double().mean()) if out.dim() == 2 and not torch.is_floating_point(y) else float("nan")
+        return acc, loss
+
+    def loss(self, x: NDArray[Any], features: Any, labels: Any) -> float:
+        """Mean loss of x on the given samples (eval mode)."""
+        return self.evaluate(x, features, labels)[1]
+
+    def accuracy(self, x: NDArray[Any], features: Any, labels: Any) -> float:
+        """Top-1 accuracy of x on the given samples (eval mode); NaN for non-classification targets."""
+        return self.evaluate(x, features, labels)[0]
