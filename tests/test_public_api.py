@@ -171,14 +171,15 @@ def test_bsdp_fedpdm_trains_a_users_cnn_and_returns_its_state_dict() -> None:
     assert saved >= 4 * 3 * (4 * (d - k) - (d + 7) // 8 - 200), (saved, d, k)
 
 
-def test_api_md_server_snippet_runs_as_written_with_a_rigorous_privacy_target() -> None:
-    # ../shared/API.md's server side, its keyword names and values (10 nodes, 30 % per round, 5 rounds here)
+def test_the_papers_upload_mechanism_at_an_exact_gdp_target() -> None:
+    # ../shared/API.md's server side, its keyword names and values (10 nodes, 30 % per round, 5 rounds here), with the
+    # paper's own mechanism (noise on the upload) calibrated to an exact GDP target
     from flwr.supercore.privacy_accounting import PrivacySpent
 
-    from fedpdm_flower.fedapp.privacy import PrivacyTarget
+    from fedpdm_flower.fedapp.privacy import GaussianTarget
 
     strategy = BSDPFedPDM(fraction_train=0.3, min_available_nodes=10, rho=10.0, gamma=0.005, eta0=0.04,
-                          uplink=TopK(0.1), downlink=TopK(0.75), privacy=PrivacyTarget(epsilon=8.0, delta=1e-5))
+                          uplink=TopK(0.1), downlink=TopK(0.75), privacy=GaussianTarget(epsilon=8.0, delta=1e-5))
     strategy, _, _ = _fedpdm_run(strategy, rounds=5, nodes=10)
     spent = strategy.privacy_spent()  # flwr's PrivacySpent, worst client, exact GDP
     assert isinstance(spent, PrivacySpent) and spent.delta == 1e-5

@@ -69,6 +69,15 @@ class LinearModel(ABC):
     def grad(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> FloatArray:
         """Gradient of `loss` with respect to the flat x."""
 
+    @abstractmethod
+    def per_sample_grads(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> FloatArray:
+        """(B, d): row j is the gradient of record j's data term at x (record-level DP-SGD clips each row;
+        :mod:`fedpdm_flower.fedapp.privacy.dpsgd`). ``grad`` is their mean plus ``regularizer_grad(x)``."""
+
+    def regularizer_grad(self, x: FloatArray) -> FloatArray:
+        """The gradient of the part of `loss` that does not depend on the data (none by default)."""
+        return np.zeros_like(x)
+
     def init(self, rng: np.random.Generator, std: float) -> FloatArray:
         """Random initial point, i.i.d. N(0, std^2) per entry (spec A9)."""
         return rng.normal(0.0, std, size=self.dim)

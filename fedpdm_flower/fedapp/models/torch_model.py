@@ -96,6 +96,8 @@ class TorchModel:
         self._params = [t for t, _ in self._slots if isinstance(t, nn.Parameter)]
         self._param_slices = [s for t, s in self._slots if isinstance(t, nn.Parameter)]
         self.num_trainable = sum(p.numel() for p in self._params)
+        #: the mean loss of the last records :meth:`per_sample_grads` / :meth:`clipped_grad_sum` saw (nan before)
+        self.last_batch_loss = float("nan")
         #: float buffers (BatchNorm running statistics): data-dependent state outside the gradient
         self.buffer_names = [e.name for (t, _), e in zip(self._slots, (e for e in self.layout.entries if e.in_vector),
                                                           strict=True) if not isinstance(t, nn.Parameter)]
@@ -162,6 +164,16 @@ class TorchModel:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         return torch.cat([g.reshape(-1) for g in grads]).cpu(), float(loss.item())
 
+    def load_grads(self, g: NDArray[Any]) -> None:
+        """Set every trainable parameter's ``.grad`` from a flat d-vector (state-dict order; buffer entries are
+        ignored), so that a torch optimizer steps on a gradient computed elsewhere (e.g. DP-SGD's noisy one)."""
+        vec = np.asarray(g)
+        if vec.shape != (self.dim,):
+            raise ValueError(f"gradient vector has shape {vec.shape}, expected ({self.dim},)")
+        with torch.no_grad():
+            for p, s in zip(self._params, self._param_slices, strict=True):
+                p.grad = torch.from_numpy(np.ascontiguousarray(vec[s])).view_as(p).to(p.device, p.dtype)
+
     def add_to_trainable(self, delta: torch.Tensor) -> None:
         """Trainable entries += delta (in place)."""
         with torch.no_grad():
@@ -185,14 +197,10 @@ class TorchModel:
             off += n
         return out
 
-    def per_sample_grads(self, x: NDArray[Any], features: Any, labels: Any) -> FloatArray:
-        """Gradient of the loss of each sample at x, shape (n, d), float64, zeros on buffer coordinates.
-
-        Row i is the gradient of ``loss_fn`` on sample i alone (a batch of one), computed for all samples at once
-        with ``torch.func.vmap``; what DP mechanisms that clip every sample's gradient need. Train mode, as
-        :meth:`grad`; dropout draws a different mask per sample. Memory is n x d: callers pass chunks.
-        """
-        from torch.func import functional_call, grad, vmap
+    def _per_sample_torch(self, x: NDArray[Any], features: Any, labels: Any) -> dict[str, torch.Tensor]:
+        """{parameter name: (B, *shape) tensor}: each record's gradient at x, by ``torch.func`` (vmap of grad).
+        The records' mean loss is kept in :attr:`last_batch_loss` (a diagnostic)."""
+        from torch.func import functional_call, grad_and_value, vmap
 
         self.set_flat(x, buffers=False)
         self.module.train()
@@ -204,11 +212,46 @@ class TorchModel:
             return self.loss_fn(out, yi.unsqueeze(0))
 
         inputs, targets = self.inputs(features), self.targets(labels)
-        grads = vmap(grad(sample_loss), in_dims=(None, 0, 0), randomness="different")(params, inputs, targets)
-        out = np.zeros((len(inputs), self.dim))
+        grads, losses = vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0), randomness="different")(
+            params, inputs, targets)
+        self.last_batch_loss = float(losses.mean())
+        return grads  # type: ignore[no-any-return]
+
+    def per_sample_grads(self, x: NDArray[Any], features: Any, labels: Any) -> FloatArray:
+        """Gradient of the loss of each sample at x, shape (n, d), float64, zeros on buffer coordinates.
+
+        Row i is the gradient of ``loss_fn`` on sample i alone (a batch of one), computed for all samples at once
+        with ``torch.func.vmap``; what DP mechanisms that clip every sample's gradient need. Train mode, as
+        :meth:`grad`; dropout draws a different mask per sample. Memory is n x d: callers pass chunks, or use
+        :meth:`clipped_grad_sum`.
+        """
+        grads = self._per_sample_torch(x, features, labels)
+        n = len(next(iter(grads.values()))) if grads else 0
+        out = np.zeros((n, self.dim))
         for name, s in self.layout.slices().items():
             if name in grads:  # parameters only: a buffer is not a trained variable
-                out[:, s] = grads[name].reshape(len(inputs), -1).double().cpu().numpy()
+                out[:, s] = grads[name].reshape(n, -1).double().cpu().numpy()
+        return out
+
+    def clipped_grad_sum(self, x: NDArray[Any], features: Any, labels: Any, clip: float) -> FloatArray:
+        """``sum_i min(1, clip / ||g_i||) g_i`` over the samples (DP-SGD's clipped sum), float64 over the d entries.
+
+        The per-sample gradients stay in torch (no (n, d) float64 matrix): their norms are summed over the
+        parameters, the clip factors applied with one einsum per parameter.
+        """
+        out = np.zeros(self.dim)
+        if len(labels) == 0:
+            return out
+        grads = self._per_sample_torch(x, features, labels)
+        first = next(iter(grads.values()))
+        sq = torch.zeros(len(first), dtype=first.dtype, device=first.device)
+        for g in grads.values():
+            sq = sq + g.reshape(len(g), -1).pow(2).sum(dim=1)
+        factor = torch.clamp(clip / torch.sqrt(sq).clamp_min(torch.finfo(sq.dtype).tiny), max=1.0)
+        for name, s in self.layout.slices().items():
+            if name in grads:
+                g = grads[name]
+                out[s] = torch.einsum("b,bk->k", factor, g.reshape(len(g), -1)).double().cpu().numpy()
         return out
 
     def _outputs(self, x: NDArray[Any], features: Any) -> torch.Tensor:
