@@ -20,6 +20,7 @@ from torch import nn
 
 from fedpdm_flower.clients.recal import RecalClient
 from fedpdm_flower.clients.recal_baselines import NidsClient, PGExtraClient, RWAdmmClient
+from fedpdm_flower.fedapp.privacy.zcdp import Theorem3Calibration
 from fedpdm_flower.strategies.base import RoundFailed
 from fedpdm_flower.strategies.recal import DPRECAL
 from fedpdm_flower.strategies.recal_baselines import DPNids, DPPGExtra, DPRWAdmm
@@ -110,7 +111,7 @@ def test_recal_exact_mode_without_noise_reaches_the_pooled_ridge_optimum(agent: 
             return RecalClient(Ridge(x, y), seed=0)
         return RecalClient(LinearModel(), (x, y), lipschitz=Ridge(x, y).lipschitz, seed=0)
 
-    strategy = DPRECAL(graph="ring", min_available_nodes=N, epsilon=None, sigma1=0.0, mode="exact", nu1=0.0,
+    strategy = DPRECAL(graph="ring", min_available_nodes=N, privacy=None, mode="exact", nu1=0.0,
                        nu2=nu2, seed=3, eval_every=500)
     run_clients(strategy, client_fn, num_nodes=N, num_rounds=2000, initial_arrays=ArrayRecord({"w": Array(W0)}),
                 evaluate_fn=relative_error_fn(x_star, W0))
@@ -120,7 +121,7 @@ def test_recal_exact_mode_without_noise_reaches_the_pooled_ridge_optimum(agent: 
     errs = [r.objective_gap for r in strategy.history if r.objective_gap is not None]
     assert errs == sorted(errs, reverse=True) and errs[-1] < 1e-7  # recorded from the user's evaluate_fn
     assert strategy.hops == 2000 and int(strategy.tau.sum()) == 2000
-    assert strategy.history[-1].epsilon == np.inf  # no noise, no privacy
+    assert strategy.history[-1].epsilon is None  # privacy=None: no noise, no privacy figure
 
 
 def test_recal_with_an_l1_term_matches_sklearn_elastic_net() -> None:
@@ -130,7 +131,7 @@ def test_recal_with_an_l1_term_matches_sklearn_elastic_net() -> None:
     rows = [agent_data(i) for i in range(N)]
     fit = ElasticNet(alpha=nu1 + 2 * nu2, l1_ratio=nu1 / (nu1 + 2 * nu2), fit_intercept=False, tol=1e-14,
                      max_iter=1_000_000).fit(np.vstack([x for x, _ in rows]), np.concatenate([y for _, y in rows]))
-    strategy = DPRECAL(graph="complete", min_available_nodes=N, epsilon=None, sigma1=0.0, mode="exact", nu1=nu1,
+    strategy = DPRECAL(graph="complete", min_available_nodes=N, privacy=None, mode="exact", nu1=nu1,
                        nu2=nu2, seed=1, eval_every=2000)
     run_clients(strategy, lambda c: RecalClient(Ridge(*agent_data(pid(c)))), num_nodes=N, num_rounds=2000,
                 initial_arrays=ArrayRecord({"w": Array(W0)}))
@@ -158,7 +159,7 @@ def test_recal_trains_a_torch_linear_layer_with_mse() -> None:
         return RecalClient(nn.Linear(Q, 1), tensors, loss_fn=nn.MSELoss(), lipschitz=lips[i])
 
     net = nn.Linear(Q, 1)
-    strategy = DPRECAL(graph="ring", min_available_nodes=N, epsilon=None, sigma1=0.0, mode="exact", nu1=0.0,
+    strategy = DPRECAL(graph="ring", min_available_nodes=N, privacy=None, mode="exact", nu1=0.0,
                        nu2=nu2, seed=2, eval_every=2000)
     run_clients(strategy, client_fn, num_nodes=N, num_rounds=2000, initial_arrays=ArrayRecord(net.state_dict()))
     out = strategy.current_arrays()
@@ -176,7 +177,7 @@ def test_baselines_without_noise_reach_the_pooled_optimum(strategy_cls: Any, cli
     """The Table V baselines on the user's objectives: their returned model (published-message average, or RW-ADMM's
     prox of the token) converges to the same optimum."""
     nu2 = 0.05
-    strategy = strategy_cls(graph="ring", min_available_nodes=N, epsilon=None, sigma1=0.0, nu1=0.0, nu2=nu2, seed=0,
+    strategy = strategy_cls(graph="ring", min_available_nodes=N, privacy=None, nu1=0.0, nu2=nu2, seed=0,
                             eval_every=rounds)
     run_clients(strategy, lambda c: client_cls(Ridge(*agent_data(pid(c)))), num_nodes=N, num_rounds=rounds,
                 initial_arrays=ArrayRecord({"w": Array(W0)}))
@@ -212,14 +213,22 @@ def test_the_constructor_names_what_the_local_problem_lacks() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "argument"), [
-    ({"epsilon": 0.0}, "epsilon"), ({"epsilon": 1.0, "sigma1": 1.0}, "either epsilon"), ({"delta": 1.0}, "delta"),
-    ({"R": 0.5}, "R must"), ({"nu1": -1.0}, "nu1"), ({"lipschitz_bound": 0.0}, "lipschitz_bound"),
+    ({"nu1": -1.0}, "nu1"), ({"lipschitz_bound": 0.0}, "lipschitz_bound"),
     ({"mode": "noisy"}, "mode"), ({"alpha_scale": 1.0}, "alpha_scale"), ({"walk": "levy"}, "walk"),
     ({"walk_start": "last"}, "walk_start"), ({"xi_plan": 0}, "xi_plan"),
 ])
 def test_invalid_arguments_name_the_argument(kwargs: dict[str, Any], argument: str) -> None:
     with pytest.raises(ValueError, match=argument):
-        DPRECAL(**kwargs)
+        DPRECAL(privacy=None, **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "argument"), [
+    ({"epsilon": 0.0}, "epsilon"), ({"epsilon": 1.0, "sigma1": 1.0}, "either epsilon"), ({}, "either epsilon"),
+    ({"epsilon": 1.0, "delta": 1.0}, "delta"), ({"epsilon": 1.0, "R": 0.5}, "R must"),
+])
+def test_the_papers_mechanism_names_its_invalid_argument(kwargs: dict[str, Any], argument: str) -> None:
+    with pytest.raises(ValueError, match=f"Theorem3Calibration.*{argument}"):
+        Theorem3Calibration(**kwargs)
 
 
 def test_an_over_reported_lipschitz_constant_is_clamped_to_the_public_bound() -> None:
@@ -230,7 +239,7 @@ def test_an_over_reported_lipschitz_constant_is_clamped_to_the_public_bound() ->
     liar = int(np.argmax(true_l))  # its own alpha_i shrinks with the lie, the others' alpha_max does not
 
     def run(lie: bool, **kw: Any) -> DPRECAL:
-        s = DPRECAL(graph="ring", min_available_nodes=N, epsilon=5.0, seed=0, **kw)
+        s = DPRECAL(graph="ring", min_available_nodes=N, privacy=Theorem3Calibration(epsilon=5.0), seed=0, **kw)
         run_clients(s, lambda c: RecalClient(Ridge(*agent_data(pid(c))), lipschitz=1e6 if lie and pid(c) == liar
                                              else None), num_nodes=N, num_rounds=1,
                     initial_arrays=ArrayRecord({"w": Array(W0)}))
@@ -255,6 +264,6 @@ def test_an_agent_that_cannot_register_stops_the_run_before_iteration_one() -> N
         i = pid(context)
         return RecalClient((OtherModel if i == 2 else Ridge)(*agent_data(i)))
 
-    strategy = DPRECAL(graph="ring", min_available_nodes=N, seed=0)
+    strategy = DPRECAL(graph="ring", min_available_nodes=N, privacy=None, seed=0)
     with pytest.raises(RoundFailed, match=r"agent\(s\) \[2\] failed to register \(every agent must.*d = 4"):
         run_clients(strategy, client_fn, num_nodes=N, num_rounds=1, initial_arrays=ArrayRecord({"w": Array(W0)}))

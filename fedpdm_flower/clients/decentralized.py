@@ -4,6 +4,13 @@
   its place in the graph), checked against the id the server addresses it by. Its algorithm state is saved to /
   loaded from ``context.state`` as a dataclass of float64 arrays and integer counters (:func:`save_state`,
   :func:`load_state`; float64 so the state round-trips bit for bit).
+* record-level DP-SGD in the agent's gradient steps (:meth:`AgentClient.private_gradients`, on the core of
+  :mod:`fedpdm_flower.fedapp.privacy.dpsgd`): the message names the mechanism (z, q, C, the steps it asks), the
+  device checks it against its own floor (``max_epsilon``) before touching its data, draws the Poisson samples and
+  the noise from its own randomness, and charges its ledger (``context.state`` and, with ``ledger_path``, a file
+  that keeps the spend across runs). A message that asks for no DP-SGD -- no noise, or a paper's own mechanism,
+  whose rigorous epsilon is unbounded -- is refused by a device with a floor. In a decentralized run the adversary
+  the guarantee covers includes the neighbours that receive the agent's messages, not only the routing server.
 * :class:`SyncAgentClient`: reads a synchronous round's inbox -- its graph neighbours' round-(k-1) messages, which
   the server forwards (none in round 1) -- and the mixing row (W_ii, W_ij) the server sends with them. A device may
   pin its neighbours (``neighbours=``): it then refuses a message that gives it other neighbours, whatever the
@@ -14,7 +21,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -22,13 +30,18 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from numpy.typing import NDArray
 
 from fedpdm_flower.clients.base import FedClient, MessageConfig
+from fedpdm_flower.clients.dpsgd import DeviceAccount, mechanism_of
+from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDLedger, DPSGDMechanism, DPSGDStep, device_rng
 
 #: config keys of fedpdm_flower/strategies/decentralized.py (the client does not import the server module)
 NEIGHBOURS, WEIGHTS, SELF_WEIGHT, MSG_ROUND, AGENT_KEY = "neighbours", "weights", "self-weight", "msg-round", "agent-id"
 
 T = TypeVar("T")
 
-__all__ = ["AgentClient", "SyncAgentClient", "drop_state", "load_state", "save_state"]
+#: stream tag of a seeded device's DP-SGD randomness: ``default_rng([seed, STREAM_DPSGD, agent, message])``
+STREAM_DPSGD = 60
+
+__all__ = ["STREAM_DPSGD", "AgentClient", "PrivateSteps", "SyncAgentClient", "drop_state", "load_state", "save_state"]
 
 
 def save_state(state: RecordDict, key: str, obj: Any) -> None:
@@ -73,6 +86,24 @@ def drop_state(state: RecordDict, key: str) -> None:
             del state[k]
 
 
+@dataclass
+class PrivateSteps:
+    """One message's record-level DP-SGD at an agent: the noisy-gradient oracle its solver calls in place of the
+    exact gradient, and what :meth:`charge` records once the solver is done (every step the message asked for,
+    whether the solver used them all or not: stopping early is never a refund)."""
+
+    step: DPSGDStep
+    mechanism: DPSGDMechanism
+    delta: float
+    ledger: DPSGDLedger
+    account: DeviceAccount
+    context: Any
+
+    def charge(self) -> dict[str, float]:
+        """Record the steps in the device's ledger (context.state and file); the reply's privacy metrics."""
+        return self.account.charge(self.context, self.ledger, self.mechanism, self.delta)
+
+
 class AgentClient(FedClient):
     """A graph agent: agent id = the node's partition-id.
 
@@ -80,11 +111,20 @@ class AgentClient(FedClient):
     ----------
     model, data, loss_fn, context, seed
         As :class:`fedpdm_flower.clients.base.FedClient` (``model`` may be None for an agent whose algorithm brings its own
-        local problem).
+        local problem). With ``seed`` the device's DP-SGD samples and noise are reproducible
+        (``default_rng([seed, STREAM_DPSGD, agent, message])``): for tests and reproductions only -- whoever knows
+        the seed can recompute the sample and subtract the noise. None (default): the operating system's entropy.
+    max_epsilon
+        The device owner's privacy floor: the most epsilon (RDP accountant of record-level DP-SGD, at the
+        message's delta) this device spends over everything it ever releases. A message that would pass it, or that
+        asks for no DP-SGD at all, is refused before the device touches its data. None: no floor.
+    ledger_path
+        A file that keeps the device's DP-SGD ledger across runs (None: ``context.state`` only).
     """
 
     def __init__(self, model: Any = None, data: Any = None, loss_fn: Any = None, *, context: Context | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, max_epsilon: float | None = None,
+                 ledger_path: str | Path | None = None) -> None:
         if model is not None:
             super().__init__(model, data, loss_fn, context=context, seed=seed)
         else:  # routing-only or own-problem agents: no flat model
@@ -95,6 +135,7 @@ class AgentClient(FedClient):
             self.client_id = 0
             if context is not None:
                 self.bind(context)
+        self.account = DeviceAccount(max_epsilon=max_epsilon, ledger_path=ledger_path)
 
     @property
     def agent_id(self) -> int:
@@ -110,6 +151,41 @@ class AgentClient(FedClient):
         me = self.agent_id
         if AGENT_KEY in cfg and cfg.integer(AGENT_KEY) != me:
             raise ValueError(f"the server addressed agent {cfg.integer(AGENT_KEY)}, this node is agent {me}")
+
+    # ------------------------------------------------------------------ record-level DP-SGD
+    def private_gradients(self, config: dict[str, Any], model: Any, data: Any, message: int,
+                          what: str = "no record-level DP-SGD") -> PrivateSteps | None:
+        """The DP-SGD oracle this message asks for, admitted against the device's floor; None when it asks for none.
+
+        Parameters
+        ----------
+        config
+            The message config (untrusted: :func:`fedpdm_flower.clients.dpsgd.mechanism_of` checks every key).
+        model, data
+            The agent's per-record gradients (``clipped_grad_sum`` / ``per_sample_grads``) and its records.
+        message
+            The index of this message among the agent's (its publication count): the seeded stream's counter.
+        what
+            How a message without DP-SGD is described in a refusal (e.g. "the paper's noise on u~ only").
+
+        Raises
+        ------
+        ValueError
+            Before the data is touched: the message would take the device past its floor, or asks for no DP-SGD
+            while the device has one.
+        """
+        asked = mechanism_of(config)
+        if asked is None:
+            if self.account.max_epsilon is not None:
+                raise ValueError(f"refused: the message asks for {what}, whose rigorous epsilon is unbounded, and this "
+                                 f"device allows at most epsilon = {self.account.max_epsilon:g} (record-level DP-SGD)")
+            return None
+        mech, delta = asked
+        ledger = self.account.admit(self.node_context, mech, delta)
+        rng = (device_rng() if self.seed is None
+               else np.random.default_rng([int(self.seed), STREAM_DPSGD, self.agent_id, int(message)]))
+        step = DPSGDStep(model, data, mech, rng)
+        return PrivateSteps(step, mech, delta, ledger, self.account, self.node_context)
 
 
 class SyncAgentClient(AgentClient):

@@ -18,17 +18,24 @@ L_i comes from ``lipschitz=`` or the objective's ``lipschitz`` attribute; the co
     y_i = x^1, lambda_i = 0, tau_i = 0 (I1), alpha_i = alpha_scale 2/(L_i + 1) with the strategy's alpha_scale
     (spec 2.6); report (L_i, alpha_i, m_i): the server needs alpha_max and L_max for Lemma 4's Delta.
 ``fit`` (message ``train``, when this agent holds the baton)
-    S1-S8 on the received baton (x, u~[, u]) with :func:`fedpdm_flower.fedapp.algorithms.recal.dprecal_step`; the noise is drawn
-    here, before the baton leaves the node, from the device's randomness (``seed``; None: OS entropy). Reply: the
-    new baton and (t = tau_i, sigma, rho of this activation, the agent's own zCDP so far, f_i(y_i)).
+    S1-S8 on the received baton (x, u~[, u]) with :func:`fedpdm_flower.fedapp.algorithms.recal.dprecal_step`. With
+    record-level DP-SGD (the strategy's ``PrivacyTarget``) the gradient of S3 is one DP-SGD step on a Poisson sample
+    of the agent's records (:meth:`LocalProblemAgent.gradient_oracle`), checked against the device's floor before
+    the data is touched and charged to its ledger; everything else is post-processing and the baton leaves without
+    noise of its own. With the paper's mechanism the noise on u~ is drawn here, before the baton leaves the node,
+    from the device's randomness (``seed``; None: OS entropy). Reply: the new baton and (t = tau_i, sigma, rho of
+    this activation, the agent's own zCDP so far, f_i(y_i); with DP-SGD its ledger's ``eps_dpsgd``, z, q, steps).
 
-The agent's private state (y_i, lambda_i, tau_i, alpha_i and its activation ledger) lives in ``context.state``.
+The agent's private state (y_i, lambda_i, tau_i, alpha_i, its activation ledger and its DP-SGD ledger) lives in
+``context.state``. Record-level DP-SGD needs per-record gradients: a model with its data (a torch module, or a
+numpy model with ``per_sample_grads``), or an objective with ``records()`` (the paper's least squares has it).
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -36,7 +43,8 @@ from flwr.app import ConfigRecord, Context
 from numpy.typing import NDArray
 
 from fedpdm_flower.clients.base import DIM_KEY, MessageConfig, as_flat_model
-from fedpdm_flower.clients.decentralized import AgentClient, load_state, save_state
+from fedpdm_flower.clients.decentralized import AgentClient, PrivateSteps, load_state, save_state
+from fedpdm_flower.clients.dpsgd import mechanism_of
 from fedpdm_flower.fedapp.algorithms.recal import MODES, AgentState, Baton, RecalConfig, alpha_for, dprecal_step
 from fedpdm_flower.fedapp.localdata import as_local_data
 from fedpdm_flower.fedapp.privacy.zcdp import ActivationLedger
@@ -145,6 +153,9 @@ class LocalProblemAgent(AgentClient):
     context, seed
         As :class:`fedpdm_flower.clients.base.FedClient`: the node's Context (state) and the device's seed for the DP noise
         (None: OS entropy; the server cannot choose it).
+    max_epsilon, ledger_path
+        The device's privacy floor and ledger file (:class:`fedpdm_flower.clients.decentralized.AgentClient`): a
+        message past the floor, or without record-level DP-SGD, is refused.
     **kwargs
         Further arguments of the agent class (e.g. a synchronous agent's pinned ``neighbours``).
     """
@@ -210,6 +221,32 @@ class LocalProblemAgent(AgentClient):
         """Initialise the algorithm's state from x^1; return extra report entries."""
         raise NotImplementedError
 
+    # ---------------------------------------------------------------- record-level DP-SGD
+    def dpsgd_parts(self) -> tuple[Any, Any]:
+        """(model with per-record gradients, records) of f_i, for DP-SGD (ValueError naming what is missing)."""
+        obj = self.objective
+        if isinstance(obj, FullBatchObjective):
+            return obj.model, obj.data
+        records = getattr(obj, "records", None)
+        if callable(records):
+            model, data = records()
+            return model, data
+        raise ValueError(f"record-level DP-SGD clips each record's gradient, but {type(obj).__name__} gives only the "
+                         "gradient of f_i as a whole: pass a model (torch nn.Module, or a numpy model with "
+                         "per_sample_grads) together with its data, or an objective with records()")
+
+    def gradient_oracle(self, config: dict[str, Any], message: int,
+                        what: str) -> tuple[Callable[[FloatArray], FloatArray], PrivateSteps | None]:
+        """The gradient this message's step uses: DP-SGD's noisy one when the message asks for it (admitted against
+        the floor first), else the exact grad f_i (refused by a device with a floor)."""
+        if mechanism_of(config) is None:
+            self.private_gradients(config, None, None, message, what)  # refuses if the device has a floor
+            return self.objective.grad, None
+        model, data = self.dpsgd_parts()
+        steps = self.private_gradients(config, model, data, message, what)
+        assert steps is not None
+        return steps.step, steps
+
     def evaluate(self, parameters: list[Any], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
         """f_i of a flat model x."""
         x = self.vector(parameters[0] if parameters else None, "the model")
@@ -257,8 +294,10 @@ class RecalClient(LocalProblemAgent):
         rc = RecalConfig(n=cfg.integer("n", lo=1), nu1=cfg.number("nu1", lo=0.0), nu2=cfg.number("nu2", lo=0.0),
                          sigma1=cfg.number("sigma1", lo=0.0), R=cfg.number("R", lo=1.0), mode=mode,
                          noise_seed=self.noise_seed(), beta=cfg.number("beta", lo=0.0, hi=0.5, lo_open=True))
-        res = dprecal_step(Baton(x=x, ut=ut, u=u[0] if u else None), state, self.objective.grad, alpha, rc,
-                           self.agent_id)
+        grad, private = self.gradient_oracle(config, state.tau + 1, "the paper's noise on u~ only (x in the clear)"
+                                             if rc.sigma1 > 0 else "no noise")
+        res = dprecal_step(Baton(x=x, ut=ut, u=u[0] if u else None), state, grad, alpha, rc, self.agent_id)
+        dp_metrics = private.charge() if private is not None else {}  # the data was used: charged whatever follows
         out = [res.baton.x, res.baton.ut] + ([res.baton.u] if res.baton.u is not None else [])
         loss = float(self.objective.value(res.state.y))
         if not (math.isfinite(loss) and all(np.all(np.isfinite(a)) for a in out)):
@@ -271,5 +310,7 @@ class RecalClient(LocalProblemAgent):
         save_state(self.state, STATE, res.state)
         self.state[LEDGER] = ConfigRecord(ledger.to_record())  # type: ignore[arg-type]
         metrics = {"t": res.state.tau, "sigma": res.sigma, "rho_step": rho, "rho_total": ledger.rho,
-                   "local_loss": loss}
+                   **dp_metrics}
+        if private is None:  # f_i(y_i) on all the agent's data is outside any DP guarantee: not sent under DP-SGD
+            metrics["local_loss"] = loss
         return out, self.m, metrics

@@ -13,10 +13,15 @@ sigma_1, R, nu1, nu2, n, the mixing row) comes in the message config.
 :class:`PGExtraClient`, :class:`NidsClient` (``train``, every round k)
     Round 1: initialise from x^0 (``pg_extra_init`` / ``nids_init``); round k >= 2: step with the neighbours'
     round-(k-1) messages the server forwarded and the agent's row of W it sent (``pg_extra_step`` / ``nids_step``).
-    Then publish the round-k message with noise (``pg_extra_publish``: x_i^k, ``nids_publish``: v_i^k) and reply
-    with it.
+    Then publish the round-k message (``pg_extra_publish``: x_i^k, ``nids_publish``: v_i^k; with the paper's
+    noise, or none under DP-SGD) and reply with it.
 :class:`RWAdmmClient` (``train``, when holding the token)
-    ``rw_admm_step`` on the received token, ``rw_admm_publish``; reply with the new noisy token.
+    ``rw_admm_step`` on the received token, ``rw_admm_publish``; reply with the new token.
+
+Record-level DP-SGD (the strategy's ``PrivacyTarget``): every gradient evaluation is a DP-SGD step on a Poisson
+sample of the agent's records (one per round; NIDS's first round two), admitted against the device's floor and
+charged to its ledger (:class:`fedpdm_flower.clients.decentralized.AgentClient`); the stored noisy gradient is what
+the recursion reuses, and the published vectors carry no noise of their own (post-processing).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 from numpy.typing import NDArray
 
 from fedpdm_flower.clients.base import MessageConfig
-from fedpdm_flower.clients.decentralized import SyncAgentClient, drop_state, load_state, save_state
+from fedpdm_flower.clients.decentralized import PrivateSteps, SyncAgentClient, drop_state, load_state, save_state
 from fedpdm_flower.clients.recal import FloatArray, LocalProblemAgent
 from fedpdm_flower.fedapp.algorithms.recal_baselines import (
     NidsState,
@@ -84,9 +89,18 @@ class _BaselineAgent(LocalProblemAgent):
         """``prox_{step r}`` of the elastic net with the message's nu1, nu2."""
         return elastic_net_prox(step, cfg.number("nu1", lo=0.0), cfg.number("nu2", lo=0.0))
 
-    def metrics(self, t: int, noise: NoiseConfig, model: FloatArray) -> dict[str, Any]:
-        """The reply's metrics: publication count t, its sigma_t, and the local loss (outside the DP claim)."""
+    def gradients(self, config: dict[str, Any], message: int, noise: NoiseConfig) -> tuple[Any, PrivateSteps | None]:
+        """grad f_i for this message: DP-SGD's noisy one when the message asks for it (admitted against the device's
+        floor), else the exact one (refused by a device with a floor)."""
+        what = "the paper's noise on the published vector only" if noise.sigma1 > 0 else "no noise"
+        return self.gradient_oracle(config, message, what)
+
+    def metrics(self, t: int, noise: NoiseConfig, model: FloatArray, private: PrivateSteps | None) -> dict[str, Any]:
+        """The reply's metrics: publication count t, its sigma_t, and the local loss (outside any DP claim, so not
+        sent under DP-SGD); with DP-SGD the charge of this message's steps (the ledger's ``eps_dpsgd``, z, q)."""
         sigma = zcdp.sigma_at(t, noise.sigma1, noise.R) if noise.sigma1 > 0 else 0.0
+        if private is not None:
+            return {"t": t, "sigma": sigma, **private.charge()}
         return {"t": t, "sigma": sigma, "local_loss": float(self.objective.value(model))}
 
 
@@ -127,16 +141,18 @@ class PGExtraClient(_SyncAgent):
 
     def fit(self, parameters: list[Any], config: dict[str, Any]) -> Fit:
         cfg, k, msgs, alpha = self.round_inputs(parameters, config)
-        noise, prox, grad = self.noise(cfg), self.prox(alpha, cfg), self.objective.grad
+        noise, prox = self.noise(cfg), self.prox(alpha, cfg)
         state: PGExtraState | None = self.state_at(k, PGExtraState)
+        w_row = self.mixing_row(cfg) if state is not None else None  # checked before the data is touched
+        grad, private = self.gradients(config, k, noise)
         if state is None:
             state = pg_extra_init(self.x0(), grad, alpha, prox)
         else:
-            w_self, w_nbrs = self.mixing_row(cfg)
-            state = pg_extra_step(state, msgs, w_self, w_nbrs, grad, alpha, prox)
+            assert w_row is not None
+            state = pg_extra_step(state, msgs, w_row[0], w_row[1], grad, alpha, prox)
         state, msg = pg_extra_publish(state, self.agent_id, noise)
         save_state(self.state, self.state_key, state)
-        return [msg], self.m, self.metrics(state.t, noise, state.x)
+        return [msg], self.m, self.metrics(state.t, noise, state.x, private)
 
 
 class NidsClient(_SyncAgent):
@@ -149,16 +165,18 @@ class NidsClient(_SyncAgent):
 
     def fit(self, parameters: list[Any], config: dict[str, Any]) -> Fit:
         cfg, k, msgs, alpha = self.round_inputs(parameters, config)
-        noise, prox, grad = self.noise(cfg), self.prox(alpha, cfg), self.objective.grad
+        noise, prox = self.noise(cfg), self.prox(alpha, cfg)
         state: NidsState | None = self.state_at(k, NidsState)
-        if state is None:
+        w_row = self.mixing_row(cfg) if state is not None else None  # checked before the data is touched
+        grad, private = self.gradients(config, k, noise)
+        if state is None:  # round 1: grad f_i(x^0) here and grad f_i(x^1) in nids_publish (two DP-SGD steps)
             state = nids_init(self.x0(), grad, alpha, prox)
         else:
-            w_self, w_nbrs = self.mixing_row(cfg)
-            state = nids_step(state, msgs, w_self, w_nbrs, prox)
+            assert w_row is not None
+            state = nids_step(state, msgs, w_row[0], w_row[1], prox)
         state, msg = nids_publish(state, grad, alpha, self.agent_id, noise)
         save_state(self.state, self.state_key, state)
-        return [msg], self.m, self.metrics(state.t, noise, state.x)
+        return [msg], self.m, self.metrics(state.t, noise, state.x, private)
 
 
 class RWAdmmClient(_BaselineAgent):
@@ -184,7 +202,9 @@ class RWAdmmClient(_BaselineAgent):
         if state is None:
             raise ValueError(f"agent {self.agent_id} was not registered (no y_i, z_i in its state)")
         prox = self.prox(1.0 / beta, cfg)  # prox_{r/beta}, as simulate_rw_admm
-        state, clean, _ = rw_admm_step(token, state, self.objective.grad, beta, cfg.integer("n", lo=1), prox)
+        n = cfg.integer("n", lo=1)
+        grad, private = self.gradients(config, state.t + 1, noise)
+        state, clean, _ = rw_admm_step(token, state, grad, beta, n, prox)
         state, published = rw_admm_publish(clean, state, self.agent_id, noise)
         save_state(self.state, self.state_key, state)
-        return [published], self.m, self.metrics(state.t, noise, state.y)
+        return [published], self.m, self.metrics(state.t, noise, state.y, private)

@@ -10,11 +10,23 @@ current holder i_k, receives the holder's new baton, and draws the next holder a
 hop i -> j is realised as i -> server -> j, and the server checks that j is a neighbour of i.
 
 Before iteration 1 one ``query.register`` exchange sends x^1 (the user's initial arrays, flattened) to every agent
-(I1) and collects (L_i, alpha_i, m_i): the server needs alpha_max and L_max for the sensitivity of Lemma 4,
-Delta = 4 alpha beta L, and calibrates sigma_1 from the target (epsilon, delta) of Theorem 3 with the planned LCI
-xi_plan (spec 4.5); with ``stop_on_budget`` the run ends before any agent's activation count would exceed xi_plan.
-The history reports the realised LCI and the epsilon of Theorem 3 at it (the paper's accounting; it covers only
-the u~ message: the x message leaks y_i, spec 8 A1 -- simulations/dlg.py demonstrates it).
+(I1) and collects (L_i, alpha_i, m_i): the step sizes and, for the paper's mechanism, the sensitivity of Lemma 4
+(Delta = 4 alpha beta L) need alpha_max and L_max.
+
+**Privacy** (``privacy=``, required; docs/private-learning-decentralized.md):
+
+* ``PrivacyTarget(epsilon, sample_rate, clip_norm)`` -- record-level DP-SGD in the agents' gradient step (12c):
+  everything else, the baton included, is post-processing, so the guarantee holds against everyone who sees a
+  message -- the routing server, every agent the baton passes through, an eavesdropper on every link. z is
+  calibrated before round 1 for xi_plan steps per agent (its planned activations; RDP of the Poisson-subsampled
+  Gaussian), each agent charges its own ledger and refuses an activation past its floor, and the run stops before
+  any agent would exceed xi_plan. The history reports the worst agent's epsilon.
+* ``Theorem3Calibration(...)`` -- the paper's mechanism (the reproduction setting): sigma_1 calibrated from the
+  target of Theorem 3 at the planned LCI xi_plan (spec 4.5) after registration; with ``stop_on_budget`` the run ends
+  before any agent's activation count would exceed xi_plan. The history reports the realised LCI and Theorem 3's
+  epsilon at it (it covers only the u~ message: the x message leaks y_i, spec 8 A1 -- simulations/dlg.py
+  demonstrates it), and the rigorous epsilon beside it: inf.
+* ``None`` -- RECAL without noise.
 
 **Who sets everyone's noise.** Delta comes from the agents' *reports* of L_i and alpha_i, so one agent that
 over-reports L_i raises the noise of every agent (it cannot lower anyone else's: the maximum only grows). With a
@@ -30,7 +42,8 @@ the walk) are shared with the Table V baselines (:mod:`fedpdm_flower.strategies.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from logging import INFO, WARNING
 from typing import Any
 
@@ -43,6 +56,9 @@ from fedpdm_flower.fedapp import topology
 from fedpdm_flower.fedapp.algorithms.recal import MODES, alpha_bound, beta_for
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.privacy import zcdp
+from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDMechanism, dpsgd_epsilon
+from fedpdm_flower.fedapp.privacy.target import DEFAULT_DELTA, MISSING, PrivacyTarget, require_privacy
+from fedpdm_flower.fedapp.privacy.zcdp import Theorem3Calibration
 from fedpdm_flower.fedapp.results import RoundRecord
 from fedpdm_flower.fedapp.wire import train_content
 from fedpdm_flower.strategies.base import DIM_KEY, ROUND_KEY, Scalar, client_error_text
@@ -62,28 +78,33 @@ def _positive(name: str, value: Any, *, allow_zero: bool = False) -> float:
 
 
 class RecalFamily(GraphRouting):
-    """What DP-RECAL and its Table V baselines share: registration, sigma_1 calibration, Theorem 3 accounting.
+    """What DP-RECAL and its Table V baselines share: registration, the privacy mechanism and its accounting.
 
     Parameters
     ----------
-    epsilon
-        Target epsilon of Theorem 3 (per-activation zCDP, Prop. 4 conversion) at the planned LCI; sigma_1 is
-        calibrated to it after registration (spec 4.5). Default 10 (the largest budget of Fig. 3). None: use
-        ``sigma1`` as given.
-    sigma1
-        Noise std of an agent's first publication, used as given (``epsilon=None``); 0 is the non-private
-        algorithm. Give either ``epsilon`` or ``sigma1``.
-    delta
-        delta of the (epsilon, delta) target (default 1e-3, Section VII).
-    R
-        Attenuation of the noise variance per publication of an agent, sigma_t = sigma_1 R^{-(t-1)/2}
-        (Sec. III-D; R >= 1, Theorem 1 wants R > 1). Default 1.01 (not stated in the paper, spec 5.5).
+    privacy
+        Required (no epsilon is chosen for you; a strategy built without it refuses to start and says what to pass):
+
+        * :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` -- **record-level DP-SGD in every gradient step
+          of the agents** (the rigorous mechanism): each step Poisson-samples the agent's records at
+          ``sample_rate`` from the device's own randomness, clips every record's gradient to ``clip_norm`` and adds
+          Gaussian noise; everything the algorithm does with the noisy gradients -- the duals, the prox, the baton /
+          the broadcast vectors -- is post-processing, so no noise is added to the messages. z is calibrated under
+          the RDP accountant of the subsampled Gaussian for the most DP-SGD steps one agent takes in the run
+          (:meth:`dpsgd_steps`: its planned activations for the random walks, every round for the synchronous
+          methods); the run ends before an agent would take more (an agent's ledger and floor enforce it too).
+          Unit: one record of an agent's data; adversary: everyone who sees any message -- the routing server, every
+          other agent (the baton / a broadcast passes through its neighbours), an eavesdropper on every link.
+        * :class:`fedpdm_flower.fedapp.privacy.zcdp.Theorem3Calibration` -- the paper's own mechanism (noise on the
+          published message, Theorem 3's accounting), named as the reproduction setting; its rigorous epsilon is
+          unbounded (x travels in the clear, spec A1) and is reported as inf beside Theorem 3's figure.
+        * ``None`` -- no noise (RECAL, PG-EXTRA, NIDS, RW-ADMM).
     nu1, nu2
         The regulariser r(x) = nu1 ||x||_1 + nu2 ||x||^2 of problem (1), applied in the agents' prox (default 1/2
         each, Section VII; 0 and 0 is r = 0).
     lipschitz_bound
         A public upper bound on every agent's L_i (Assumption 1): reported L_i are clamped to it before they set
-        everyone's noise (module docstring). None (default): reports are used as they come, as in the paper.
+        everyone's step and noise (module docstring). None (default): reports are used as they come, as in the paper.
     **routing
         :class:`fedpdm_flower.strategies.decentralized.GraphRouting`'s ``graph`` and the federation arguments (``seed`` draws the
         graph, the walk and nothing else; ``min_available_nodes`` = the number of agents).
@@ -93,23 +114,34 @@ class RecalFamily(GraphRouting):
                           "not checkpointed yet")
 
     privacy_label = "eps(Thm 3)"
+    #: the agents' rigorous cumulative epsilon under DP-SGD (their ledgers, RDP of the subsampled Gaussian)
+    PRIVACY_KEYS = ("eps_dpsgd",)
+    RIGOROUS_PRIVACY = ("eps_dpsgd", "RDP (record-level DP-SGD, Poisson-subsampled Gaussian)")
     tau: NDArray[np.int64]
 
-    def __init__(self, *, epsilon: float | None = 10.0, sigma1: float | None = None, delta: float = 1e-3,
-                 R: float = 1.01, nu1: float = 0.5, nu2: float = 0.5, lipschitz_bound: float | None = None,
-                 **routing: Any) -> None:
+    def __init__(self, *, privacy: Any = MISSING, nu1: float = 0.5, nu2: float = 0.5,
+                 lipschitz_bound: float | None = None, **routing: Any) -> None:
         super().__init__(**routing)
-        if (epsilon is None) == (sigma1 is None):
-            raise ValueError("give either epsilon (sigma_1 calibrated to it) or sigma1 (used as given), not both "
-                             f"or neither; got epsilon={epsilon!r}, sigma1={sigma1!r}")
-        self.epsilon = None if epsilon is None else _positive("epsilon", epsilon)
-        self.sigma1 = 0.0 if sigma1 is None else _positive("sigma1", sigma1, allow_zero=True)
-        if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0.0 < delta < 1.0:
-            raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
-        if isinstance(R, bool) or not isinstance(R, int | float) or not (math.isfinite(R) and R >= 1.0):
-            raise ValueError(f"R must be a finite number >= 1, got {R!r}")
-        self.delta = float(delta)
-        self.R = float(R)
+        privacy = require_privacy(privacy, type(self).__name__, "Theorem3Calibration(epsilon=..., delta=..., R=...)")
+        self.target: PrivacyTarget | None = None
+        self.paper: Theorem3Calibration | None = None
+        self.epsilon: float | None = None
+        self.sigma1 = 0.0
+        self.delta, self.R = DEFAULT_DELTA, 1.0
+        if isinstance(privacy, PrivacyTarget):
+            privacy.rate(type(self).__name__)  # the sample rate is required: said now, not at round 1
+            self.target, self.delta = privacy, float(privacy.delta)
+            self.privacy_label = "eps(DP-SGD, RDP)"
+        elif isinstance(privacy, Theorem3Calibration):
+            self.paper = privacy
+            self.epsilon = None if privacy.epsilon is None else float(privacy.epsilon)
+            self.sigma1 = 0.0 if privacy.sigma1 is None else float(privacy.sigma1)
+            self.delta, self.R = float(privacy.delta), float(privacy.R)
+        elif privacy is not None:
+            raise TypeError(f"privacy must be a PrivacyTarget (record-level DP-SGD), a Theorem3Calibration (the "
+                            f"paper's mechanism) or None (no noise), got {type(privacy).__name__}")
+        #: the DP-SGD mechanism every agent's step uses (z, q, C; steps per message), set before round 1
+        self.dpsgd: DPSGDMechanism | None = None
         self.nu1 = _positive("nu1", nu1, allow_zero=True)
         self.nu2 = _positive("nu2", nu2, allow_zero=True)
         self.lipschitz_bound = None if lipschitz_bound is None else _positive("lipschitz_bound", lipschitz_bound)
@@ -118,6 +150,41 @@ class RecalFamily(GraphRouting):
         self.delta_sens = 0.0
         self.xi_plan = 0
         self.registered = False
+
+    # ------------------------------------------------------------------ record-level DP-SGD
+    def dpsgd_steps(self) -> int:
+        """The most DP-SGD steps one agent takes in the run: what z is calibrated for (needs the graph and the
+        number of rounds)."""
+        raise NotImplementedError
+
+    def steps_in_message(self, server_round: int) -> int:
+        """DP-SGD steps one train message asks of an agent (one gradient evaluation by default)."""
+        return 1
+
+    def attach(self, node_of: Mapping[int, int]) -> None:
+        """GraphRouting's attach, then (DP-SGD) the calibration of z: before round 1, so an unreachable target
+        stops the run naming the knob."""
+        super().attach(node_of)
+        if self.target is not None:
+            steps = self.dpsgd_steps()
+            self.dpsgd = self.target.mechanism(1, steps, owner=type(self).__name__)
+            log(INFO, "%s: record-level DP-SGD, (epsilon, delta) = (%g, %g) per agent over %d step(s): z = %.4g, "
+                "q = %g, C = %g", type(self).__name__, self.target.epsilon, self.target.delta,
+                self.target.horizon or steps, self.dpsgd.noise_multiplier, self.dpsgd.sample_rate,
+                self.dpsgd.clip_norm)
+
+    def dpsgd_config(self, server_round: int) -> dict[str, Scalar]:
+        """The DP-SGD keys of a train message (none without a PrivacyTarget)."""
+        if self.target is None or self.dpsgd is None:
+            return {}
+        mech = replace(self.dpsgd, steps=self.steps_in_message(server_round))
+        return dict(self.target.message_config(mech))
+
+    def dpsgd_epsilon_of(self, steps: int) -> float:
+        """The RDP epsilon of ``steps`` DP-SGD steps of this run's mechanism at the target's delta (0 for none)."""
+        if self.dpsgd is None or steps <= 0:
+            return 0.0
+        return dpsgd_epsilon(self.dpsgd.noise_multiplier, self.dpsgd.sample_rate, int(steps), self.delta)
 
     # ------------------------------------------------------------------ algorithm hooks
     def register_config(self) -> dict[str, Scalar]:
@@ -181,8 +248,8 @@ class RecalFamily(GraphRouting):
             try:
                 self.sigma1 = zcdp.sigma1_for_budget(self.epsilon, self.delta, self.delta_sens, self.R, self.xi_plan)
             except zcdp.CalibrationOverflowError as err:  # needs L_max, so only known after registration
-                raise ValueError(f"epsilon = {self.epsilon:g} and R = {self.R:g} cannot be met over xi_plan = "
-                                 f"{self.xi_plan} activations: {err}") from None
+                raise ValueError(f"Theorem3Calibration epsilon = {self.epsilon:g} and R = {self.R:g} cannot be met "
+                                 f"over xi_plan = {self.xi_plan} activations: {err}") from None
         self.registered = True
         log(INFO, "%s: %d agents registered: L_max=%.4g Delta=%.4g xi_plan=%d sigma_1=%.4g", type(self).__name__,
             self.num_clients, self.l_max, self.delta_sens, self.xi_plan, self.sigma1)
@@ -198,8 +265,16 @@ class RecalFamily(GraphRouting):
         """Local communication involvement ``max_i tau_i`` (spec 1.5)."""
         return int(self.tau.max()) if self.tau.size else 0
 
+    def steps_taken(self) -> int:
+        """DP-SGD steps of the agent that took the most so far (one per publication by default)."""
+        return self.lci()
+
     def realised_epsilon(self) -> float:
-        """Theorem 3 with this method's Delta at the realised LCI (inf without noise)."""
+        """The worst agent's epsilon so far: with DP-SGD the RDP epsilon of its steps (server-side recomputation of
+        what its ledger reports); with the paper's mechanism Theorem 3 with this method's Delta at the realised LCI
+        (inf without noise)."""
+        if self.target is not None:
+            return self.dpsgd_epsilon_of(self.steps_taken())
         xi = self.lci()
         if xi == 0:
             return 0.0
@@ -208,8 +283,26 @@ class RecalFamily(GraphRouting):
         return zcdp.epsilon_from_noise(self.sigma1, self.delta_sens, self.R, xi, self.delta)
 
     def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
-        """(epsilon, delta) of the round record: Theorem 3 at the realised LCI."""
+        """(epsilon, delta) of the round record: with DP-SGD the worst agent's ledger (its report, else the
+        server's recomputation); with the paper's mechanism Theorem 3 at the realised LCI; None without noise."""
+        if self.target is not None:
+            eps = priv.get("eps_dpsgd") if isinstance(priv, Mapping) else None
+            return (float(eps) if isinstance(eps, int | float) else self.realised_epsilon()), self.delta
+        if self.paper is None:
+            return None, None
         return self.realised_epsilon(), self.delta
+
+    def mechanism_summary(self) -> dict[str, float]:
+        """The privacy figures every record carries: DP-SGD's z, q, C and the server's recomputation of the worst
+        agent's epsilon; or Theorem 3's figure and the rigorous one beside it (inf, spec A1)."""
+        if self.dpsgd is not None:
+            return {"dp_noise_multiplier": self.dpsgd.noise_multiplier, "dp_sample_rate": self.dpsgd.sample_rate,
+                    "dp_clip": self.dpsgd.clip_norm, "dp_steps_max": float(self.steps_taken()),
+                    "eps_dpsgd_server": self.realised_epsilon()}
+        if self.paper is not None:
+            return {"eps_theorem3_realised": self.realised_epsilon(),
+                    "eps_rigorous": Theorem3Calibration.RIGOROUS_EPSILON}
+        return {}
 
     def evaluate_round(self, server_round: int) -> RoundRecord:
         """The base's record; an ``evaluate_fn`` metric "relative_error" or "objective_gap" (spec 5.7) becomes the
@@ -220,15 +313,18 @@ class RecalFamily(GraphRouting):
                 rec.objective_gap = float(gap)
                 break
         rec.extra.update({"xi_plan": float(self.xi_plan), "sigma1": self.sigma1,
-                          "delta_sensitivity": self.delta_sens})
+                          "delta_sensitivity": self.delta_sens, **self.mechanism_summary()})
         if rec.objective_gap is not None:
-            log(INFO, "  k=%d relative error %.4g, LCI %d, eps(Thm 3) %.4g", server_round, rec.objective_gap,
-                self.lci(), rec.epsilon)
+            log(INFO, "  k=%d relative error %.4g, LCI %d, %s %s", server_round, rec.objective_gap, self.lci(),
+                self.privacy_label, "n/a" if rec.epsilon is None else f"{rec.epsilon:.4g}")
         return rec
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "epsilon": self.epsilon, "sigma1": self.sigma1, "delta": self.delta,
-                "R": self.R, "nu1": self.nu1, "nu2": self.nu2, "lipschitz_bound": self.lipschitz_bound}
+        privacy = ("none" if self.target is None and self.paper is None else
+                   f"PrivacyTarget{self.target}" if self.target is not None else f"{self.paper}")
+        return {**super().describe(), "privacy": privacy, "epsilon": self.epsilon, "sigma1": self.sigma1,
+                "delta": self.delta, "R": self.R, "nu1": self.nu1, "nu2": self.nu2,
+                "lipschitz_bound": self.lipschitz_bound}
 
     def check_vector(self, arr: NDArray[Any], what: str) -> NDArray[np.float64]:
         """A published vector must be finite float64 of d entries."""
@@ -254,13 +350,23 @@ class RelayRouter(RecalFamily):
         rounds), or an integer.
     stop_on_budget
         End the run before any agent's activation count would exceed xi_plan, so the realised epsilon stays within
-        the target (default False: run all K rounds and report the realised epsilon).
+        the target (default False: run all K rounds and report the realised epsilon). Always on with a
+        PrivacyTarget: z is calibrated for xi_plan DP-SGD steps per agent (or the target's ``horizon``), and no
+        agent may take more.
     **kwargs
         :class:`RecalFamily`'s arguments.
     """
 
     #: what travels, for messages
     message_name = "baton"
+
+    def dpsgd_steps(self) -> int:
+        """One DP-SGD step per activation: an agent's planned activations xi_plan (the target's ``horizon`` when
+        given); the run stops before any agent would exceed it."""
+        assert self.target is not None
+        self.xi_plan = self.target.horizon or self.plan_xi()
+        self.stop_on_budget = True
+        return self.xi_plan
 
     def __init__(self, *, walk: str = "markov", walk_start: str | int = "stationary", xi_plan: str | int = "walk",
                  stop_on_budget: bool = False, **kwargs: Any) -> None:
@@ -362,14 +468,23 @@ class DPRECAL(RelayRouter):
     Parameters
     ----------
     mode
-        u-tracking (spec 2.4): "private" (default; only (x, u~) travel and the receiving agent accumulates into
-        u~, so the noise accumulates) or "exact" (the clean u travels beside u~, as Algorithm 1 writes it:
-        convergent, but the routing server sees u -- reproduction of the paper's figures only).
+        u-tracking of the paper's mechanism (spec 2.4): "private" (default; only (x, u~) travel and the receiving
+        agent accumulates into u~, so the noise accumulates) or "exact" (the clean u travels beside u~, as
+        Algorithm 1 writes it: convergent, but the routing server sees u -- reproduction of the paper's figures
+        only). With a PrivacyTarget or None nothing is added to u, so u~ = u and the two modes coincide.
     alpha_scale
         Each agent's stepsize alpha_i = alpha_scale 2 / (L_i + 1), inside Assumption 2's (0, 2/(L_i + 1)) (default
         0.5, i.e. 1/(L_i + 1), spec 2.6). beta = 1/(2(n + 1)) is fixed by the paper (5)/(12).
-    epsilon, sigma1, delta, R, nu1, nu2, lipschitz_bound
-        :class:`RecalFamily`; the sensitivity is Lemma 4's Delta = 4 alpha_max beta L_max of the reports.
+    privacy
+        :class:`RecalFamily` (required). ``PrivacyTarget(epsilon, sample_rate=q, clip_norm=C)``: step (12c) uses
+        the DP-SGD gradient ``g~ = (sum_{j in B} clip_C(grad l_j(y_i)) + N(0, z^2 C^2 I)) / (q m_i)`` of a Poisson
+        sample B of the agent's records in place of grad f_i(y_i); (12a), (12b), (12d), (12e) and the relay are
+        post-processing of it, the baton carries no noise, and x no longer leaks anything the DP-SGD steps do
+        not cover (spec A1 is closed). One step per activation, calibrated for xi_plan activations.
+        ``Theorem3Calibration(...)``: Algorithm 1's noise on u~ (Lemma 4's Delta = 4 alpha_max beta L_max of the
+        reports), the reproduction setting. ``None``: RECAL.
+    nu1, nu2, lipschitz_bound
+        :class:`RecalFamily`.
     walk, walk_start, xi_plan, stop_on_budget
         :class:`RelayRouter` (Assumption 3's simple random walk by default).
     graph
@@ -379,7 +494,8 @@ class DPRECAL(RelayRouter):
 
     Examples
     --------
-    >>> strategy = DPRECAL(graph="ring", min_available_nodes=8, epsilon=10.0, mode="private", seed=0)
+    >>> strategy = DPRECAL(graph="ring", min_available_nodes=8, seed=0,
+    ...                    privacy=PrivacyTarget(epsilon=8.0, sample_rate=0.1, clip_norm=20.0))
     >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord([x1]), num_rounds=4800)
     """
 
@@ -430,12 +546,14 @@ class DPRECAL(RelayRouter):
         self.beta = beta_for(self.num_clients)
         self.alpha_max = max(r["alpha"] for r in self.reports.values())
         self.delta_sens = zcdp.sensitivity(self.alpha_max, self.beta, self.l_max)
-        self.xi_plan = self.plan_xi()
+        if self.target is None:  # with DP-SGD, xi_plan was fixed with z before round 1
+            self.xi_plan = self.plan_xi()
 
     # ------------------------------------------------------------------ one hop per round
     def client_payload(self, server_round: int, client: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
         return list(self.baton), {"mode": self.mode, "beta": self.beta, "n": self.num_clients,
-                                  "sensitivity": self.delta_sens, **self.noise_config(), **self.holder_config(client)}
+                                  "sensitivity": self.delta_sens, **self.noise_config(),
+                                  **self.dpsgd_config(server_round), **self.holder_config(client)}
 
     def decode_update(self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
         self.check_holder(client, arrays, metrics, len(self.baton))
@@ -452,8 +570,9 @@ class DPRECAL(RelayRouter):
                 "lci": float(self.lci())}
 
     def privacy_summary(self) -> dict[str, float]:
-        """Theorem 3 at the realised LCI, the LCI, the hops, and each agent's own budget (its ledger's rho)."""
-        out = {"eps_theorem3_realised": self.realised_epsilon(), "lci": float(self.lci()),
+        """The agents' reported DP-SGD epsilon (worst), the mechanism's figures, the LCI, the hops, and with the
+        paper's mechanism each agent's own budget (its activation ledger's rho, Theorem 3's conversion)."""
+        out = {**super().privacy_summary(), **self.mechanism_summary(), "lci": float(self.lci()),
                "graph_msgs": float(self.hops)}
         for agent, rho in sorted(self.agent_rho.items()):
             out[f"eps_agent{agent}"] = zcdp.eps_from_rho(rho, self.delta) if rho > 0 else 0.0

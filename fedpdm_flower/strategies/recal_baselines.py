@@ -10,7 +10,8 @@ Registration (round 1, before the first train message; :class:`fedpdm_flower.str
     One ``query.register`` exchange sends the public common start x^0 (the user's initial arrays) to every agent and
     collects L_i: the common stepsize (PG-EXTRA ``alpha_scale 2 lambda_min(W~) / L_max``, NIDS ``alpha_scale 2 /
     L_max``) and the RW-ADMM penalty (``beta_scale L_max``) need ``L_max = max_i L_i``, and so does the sensitivity
-    (``Delta = 2 alpha L_max``; RW-ADMM ``4 L_max / (n beta)``). sigma_1 is then calibrated with the section-4.5
+    (``Delta = 2 alpha L_max``; RW-ADMM ``4 L_max / (n beta)``) of the paper's mechanism
+    (``privacy=Theorem3Calibration(...)``, the reproduction setting). sigma_1 is then calibrated with the section-4.5
     formulas (:func:`fedpdm_flower.fedapp.privacy.zcdp.sigma1_for_budget`) at ``xi = T`` = the number of rounds for the
     synchronous methods (every agent publishes every round) and at the planned LCI of the walk for RW-ADMM. As for
     DP-RECAL, L_max comes from the agents' reports; ``lipschitz_bound`` clamps them.
@@ -43,7 +44,15 @@ exact x_i never leave them, so the synchronous methods' model is *not* the simul
 ``x-bar`` (spec 5.7 [interp]) -- it is noisier. Reported per round: the paper's communication count ``graph_msgs``
 (:func:`messages_per_iteration` x iterations; RW-ADMM: x completed paper iterations, one paper iteration =
 activation_prob x n hops), the messages actually sent, the LCI, and the realised epsilon (Theorem 3's formulas via
-:func:`fedpdm_flower.fedapp.privacy.zcdp.epsilon_from_noise` with the baseline's Delta at xi = LCI).
+:func:`fedpdm_flower.fedapp.privacy.zcdp.epsilon_from_noise` with the baseline's Delta at xi = LCI; its rigorous
+figure is unbounded: Delta ignores the divergence earlier rounds accumulate and no gradient is clipped).
+
+**Record-level DP-SGD** (``privacy=PrivacyTarget(...)``, the rigorous mechanism): every evaluation of grad f_i is a
+DP-SGD step of the agent (Poisson sample of its records from its own randomness, per-record clipping, Gaussian
+noise), the stored noisy gradient is what the recursion reuses (PG-EXTRA's and NIDS's grad f_i(x^{k-1}) terms), and
+the published vectors carry no noise of their own: they are post-processing of the noisy gradients, so the
+guarantee holds against the server, every neighbour and any eavesdropper. One step per round (NIDS's first round:
+two), calibrated for the run; each agent's ledger and floor enforce it (docs/private-learning-decentralized.md).
 """
 
 from __future__ import annotations
@@ -104,7 +113,7 @@ class _TableV(RecalFamily):
         return rec
 
     def privacy_summary(self) -> dict[str, float]:
-        return {"eps_theorem3_realised": self.realised_epsilon(), "lci": float(self.lci()),
+        return {**super().privacy_summary(), **self.mechanism_summary(), "lci": float(self.lci()),
                 "graph_msgs": float(self.graph_msgs()), "messages_sent": float(self.messages_sent())}
 
 
@@ -116,7 +125,7 @@ class _SyncBaseline(_TableV, SyncRouter):
     alpha_scale
         The common stepsize is alpha_scale times the method's bound at L_max (default 0.5).
     **kwargs
-        :class:`fedpdm_flower.strategies.recal.RecalFamily`'s (epsilon, sigma1, delta, R, nu1, nu2, lipschitz_bound) and
+        :class:`fedpdm_flower.strategies.recal.RecalFamily`'s (privacy, nu1, nu2, lipschitz_bound) and
         :class:`fedpdm_flower.strategies.decentralized.GraphRouting`'s (graph, federation) arguments.
     """
 
@@ -136,11 +145,32 @@ class _SyncBaseline(_TableV, SyncRouter):
         self.delta_sens = gradient_message_sensitivity(self.alpha, self.l_max)
         self.xi_plan = self.num_rounds  # every agent publishes every round
 
+    #: DP-SGD steps of an agent's first round beyond the one of every round (NIDS evaluates grad f_i at x^0 and x^1)
+    first_round_extra_steps = 0
+
+    def steps_in_message(self, server_round: int) -> int:
+        """One gradient evaluation per round (the first round of NIDS: two)."""
+        return 1 + (self.first_round_extra_steps if server_round == 1 else 0)
+
+    def dpsgd_steps(self) -> int:
+        """Every agent steps every round: num_rounds DP-SGD steps (+ the first round's extra), or the target's
+        ``horizon`` when given (the run may not then take more rounds than that covers)."""
+        assert self.target is not None
+        need = self.num_rounds + self.first_round_extra_steps
+        if self.target.horizon is not None and self.target.horizon < need:
+            raise ValueError(f"PrivacyTarget horizon = {self.target.horizon} covers fewer DP-SGD steps than the "
+                             f"{need} every agent of {type(self).__name__} takes in {self.num_rounds} rounds")
+        return need
+
+    def steps_taken(self) -> int:
+        publications = self.lci()
+        return publications + (self.first_round_extra_steps if publications else 0)
+
     def step_size(self) -> float:
         return self.alpha
 
     def round_config(self, server_round: int) -> dict[str, Scalar]:
-        return {"alpha": self.alpha, **self.noise_config()}
+        return {"alpha": self.alpha, **self.noise_config(), **self.dpsgd_config(server_round)}
 
     def validate_message(self, agent: int, arrays: list[NDArray[Any]]) -> list[NDArray[Any]]:
         return [self.check_vector(arrays[0], f"agent {agent}'s message")]
@@ -178,14 +208,18 @@ class DPPGExtra(_SyncBaseline):
     ----------
     alpha_scale
         alpha = alpha_scale 2 lambda_min(W~) / L_max, below PG-EXTRA's bound (default 0.5).
-    epsilon, sigma1, delta, R, nu1, nu2, lipschitz_bound
-        :class:`fedpdm_flower.strategies.recal.RecalFamily`; Delta = 2 alpha L_max (spec 5.6 [interp]) at xi = T rounds.
+    privacy, nu1, nu2, lipschitz_bound
+        :class:`fedpdm_flower.strategies.recal.RecalFamily` (privacy required). ``PrivacyTarget``: every
+        gradient evaluation grad f_i(x_i^k) is a DP-SGD step (one per round; calibrated for T rounds) and the
+        published x_i^k carries no noise (post-processing). ``Theorem3Calibration``: noise on each published x_i^k
+        with Delta = 2 alpha L_max (spec 5.6 [interp]) at xi = T rounds (the reproduction setting).
     graph, **federation
         :class:`fedpdm_flower.strategies.decentralized.GraphRouting` (default "ring"; ``min_available_nodes`` = n agents).
 
     Examples
     --------
-    >>> strategy = DPPGExtra(graph="ring", min_available_nodes=8, epsilon=10.0, seed=0)
+    >>> strategy = DPPGExtra(graph="ring", min_available_nodes=8, seed=0,
+    ...                      privacy=PrivacyTarget(epsilon=8.0, sample_rate=0.1, clip_norm=20.0))
     >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord([x0]), num_rounds=600)
     """
 
@@ -203,11 +237,13 @@ class DPNids(_SyncBaseline):
     ----------
     alpha_scale
         alpha = alpha_scale 2 / L_max, below NIDS's bound (default 0.5).
-    epsilon, sigma1, delta, R, nu1, nu2, lipschitz_bound, graph, **federation
-        As :class:`DPPGExtra`.
+    privacy, nu1, nu2, lipschitz_bound, graph, **federation
+        As :class:`DPPGExtra` (with a PrivacyTarget the first round takes two DP-SGD steps, grad f_i(x^0) and
+        grad f_i(x^1), so z is calibrated for T + 1 steps; v_i^k is published without noise).
     """
 
     algorithm = "nids"
+    first_round_extra_steps = 1  # round 1: nids_init's grad f_i(x^0) and nids_publish's grad f_i(x^1)
 
     def alpha_bound(self, l_max: float) -> float:
         return nids_alpha_bound(l_max)
@@ -224,8 +260,10 @@ class DPRWAdmm(_TableV, RelayRouter):
     activation_prob
         P of Table V (default 0.5): one paper iteration is P n token hops; used only to report the paper's
         communication count (16 per paper iteration on ring-8).
-    epsilon, sigma1, delta, R, nu1, nu2, lipschitz_bound
-        :class:`fedpdm_flower.strategies.recal.RecalFamily`; Delta = 4 L_max / (n beta) at the planned LCI.
+    privacy, nu1, nu2, lipschitz_bound
+        :class:`fedpdm_flower.strategies.recal.RecalFamily` (privacy required). ``PrivacyTarget``: the gradient of
+        each activation is a DP-SGD step (calibrated for the planned LCI), the token carries no noise.
+        ``Theorem3Calibration``: noise on the token with Delta = 4 L_max / (n beta) at the planned LCI.
     walk, walk_start, xi_plan, stop_on_budget
         :class:`fedpdm_flower.strategies.recal.RelayRouter`.
     graph, **federation
@@ -256,7 +294,8 @@ class DPRWAdmm(_TableV, RelayRouter):
     def on_register(self) -> None:
         self.beta = self.beta_scale * self.l_max  # as simulate_rw_admm
         self.delta_sens = rw_admm_sensitivity(self.beta, self.l_max, self.num_clients)
-        self.xi_plan = self.plan_xi()
+        if self.target is None:  # with DP-SGD, xi_plan was fixed with z before round 1
+            self.xi_plan = self.plan_xi()
 
     def step_size(self) -> float:
         return self.beta
@@ -277,7 +316,7 @@ class DPRWAdmm(_TableV, RelayRouter):
     # ------------------------------------------------------------------ one hop per round
     def client_payload(self, server_round: int, client: int) -> tuple[list[NDArray[Any]], dict[str, Scalar]]:
         return [self.token], {"beta": self.beta, "n": self.num_clients, **self.noise_config(),
-                              **self.holder_config(client)}
+                              **self.dpsgd_config(server_round), **self.holder_config(client)}
 
     def decode_update(self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
         self.check_holder(client, arrays, metrics, 1)

@@ -47,6 +47,9 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from fedpdm_flower.fedapp.localdata import ArrayData
+from fedpdm_flower.fedapp.models.least_squares import LeastSquares
+
 FloatArray = NDArray[np.float64]
 Mode = Literal["exact", "private"]
 #: u-tracking modes of 2.4: "exact" carries the clean u on the baton (paper-faithful, NOT private against whoever
@@ -261,6 +264,13 @@ class LocalLeastSquares:
         ya = _as_float(y)
         g = self.features.T @ (self.features @ self._shaped(ya) - self.targets) / self.m
         return np.asarray(g, dtype=np.float64).reshape(ya.shape)
+
+    def records(self) -> tuple[LeastSquares, ArrayData]:
+        """f_i as record-level DP-SGD sees it: the loss of one record (B_ij, b_ij),
+        ``1/2 ||B_ij^T y - b_ij||^2`` on the flat y (:class:`fedpdm_flower.fedapp.models.least_squares.LeastSquares`,
+        with its per-record gradients), and the m_i records themselves. f_i is their mean."""
+        outputs = None if self.targets.ndim == 1 else int(self.targets.shape[1])
+        return LeastSquares(self.q, outputs), ArrayData(self.features, self.targets)
 
 
 def lipschitz_power_iteration(features: ArrayLike, iters: int = 1000, tol: float = 1e-13, seed: int = 0) -> float:

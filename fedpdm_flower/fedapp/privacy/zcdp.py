@@ -53,6 +53,7 @@ from fedpdm_flower.fedapp.privacy.gaussian import (  # one home for these input 
 __all__ = [
     "ActivationLedger",
     "CalibrationOverflowError",
+    "Theorem3Calibration",
     "calibrate_sigma1",
     "default_xi_plan",
     "eps_from_rho",
@@ -691,6 +692,65 @@ def noise_floor(eps: float, delta: float, Delta: float, R: float, xi: int) -> fl
 
 
 # --- the per-agent accountant ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Theorem3Calibration:
+    """DP-RECAL's own mechanism, the **reproduction setting**: ``privacy=Theorem3Calibration(...)`` of the DP-RECAL
+    family's strategies (DP-RECAL, and the Table V baselines with their own sensitivities, spec 5.6).
+
+    Gaussian noise on the published message only (DP-RECAL: the relayed u~; the baselines: each broadcast vector),
+    ``sigma_t = sigma_1 R^{-(t-1)/2}`` at an agent's t-th publication (Sec. III-D), sigma_1 calibrated to a target
+    epsilon of Theorem 3 at the planned LCI (or given as ``sigma1``). Kept to reproduce the paper's figures.
+
+    **Its rigorous epsilon is unbounded** (reported as inf beside Theorem 3's figure): the baton's x travels in the
+    clear and reveals y_i exactly where the prox is invertible, and with it grad f_i(y_i) (spec 8 A1, demonstrated
+    by simulations/dlg.py); Lemma 4's Delta = 4 alpha beta L bounds neither a record's gradient (no clipping) nor the
+    divergence earlier activations accumulate (A3). The baselines' published vectors carry the same accumulated,
+    unclipped divergence. The rigorous mechanism of these strategies is record-level DP-SGD in the agents' gradient
+    steps: ``privacy=PrivacyTarget(...)`` (:mod:`fedpdm_flower.fedapp.privacy.dpsgd`).
+
+    Parameters
+    ----------
+    epsilon
+        Target epsilon of Theorem 3 (per-activation zCDP, Prop. 4 conversion) at the planned LCI; sigma_1 is
+        calibrated to it once the agents have registered (Delta needs L_max). Give this or ``sigma1``.
+    sigma1
+        The noise std of an agent's first publication, used as given (0: no noise).
+    delta
+        delta of Theorem 3 (default 1e-5, the project's one default; the paper's Section VII uses 1e-3, which the
+        reproduction app passes).
+    R
+        Attenuation of the noise variance per publication (R >= 1; Theorem 1 wants R > 1). Default 1.01 (the paper
+        does not state its R, spec 5.5).
+    """
+
+    epsilon: float | None = None
+    sigma1: float | None = None
+    delta: float = 1e-5
+    R: float = 1.01
+
+    def __post_init__(self) -> None:
+        if (self.epsilon is None) == (self.sigma1 is None):
+            raise ValueError("Theorem3Calibration needs either epsilon (sigma_1 calibrated to it) or sigma1 (used as "
+                             f"given), not both or neither; got epsilon={self.epsilon!r}, sigma1={self.sigma1!r}")
+        for name, value, zero_ok in (("epsilon", self.epsilon, False), ("sigma1", self.sigma1, True)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or value < 0 or (value == 0 and not zero_ok):
+                raise ValueError(f"Theorem3Calibration {name} must be a finite number {'>=' if zero_ok else '>'} 0, "
+                                 f"got {value!r}")
+        if isinstance(self.delta, bool) or not isinstance(self.delta, int | float) or not 0.0 < self.delta < 1.0:
+            raise ValueError(f"Theorem3Calibration delta must lie in (0, 1), got {self.delta!r}")
+        if isinstance(self.R, bool) or not isinstance(self.R, int | float) or not (math.isfinite(self.R)
+                                                                                  and self.R >= 1.0):
+            raise ValueError(f"Theorem3Calibration R must be a finite number >= 1, got {self.R!r}")
+
+    #: what the rigorous accounting gives for this mechanism, and why (reported beside Theorem 3's figure)
+    RIGOROUS_EPSILON = math.inf
+    RIGOROUS_WHY = ("unbounded: x travels in the clear and reveals y_i (spec A1); Lemma 4 bounds neither a record's "
+                    "gradient nor the accumulated divergence (A3)")
 
 
 def _check_sigma(sigma: float) -> None:
