@@ -66,7 +66,7 @@ def test_without_noise_both_u_modes_coincide_and_there_is_no_privacy() -> None:
     private, _ = run(**{"recal-epsilon": 0.0, "recal-mode": "private"})
     np.testing.assert_array_equal(exact.baton[0], private.baton[0])
     np.testing.assert_array_equal(exact.baton[1], private.baton[1])
-    assert exact.history[-1].epsilon == np.inf  # no noise: no privacy (null in results.json)
+    assert exact.history[-1].epsilon is None  # no noise: no privacy figure (null in results.json)
 
 
 def test_stop_on_budget_ends_before_any_agent_exceeds_the_plan() -> None:

@@ -296,7 +296,9 @@ def summary_lines(doc: dict[str, Any], path: Path) -> list[str]:
     ]
     priv = s.get("privacy") or {}
     if priv:
-        lines.append("privacy (worst client): " + ", ".join(f"{k}={v:.4g}" for k, v in priv.items()))
+        # results.json writes an infinite epsilon (no noise; a mechanism without a rigorous bound) as null
+        lines.append("privacy (worst client): " + ", ".join(f"{k}={v:.4g}" if isinstance(v, int | float) else f"{k}=inf"
+                                                          for k, v in priv.items()))
     if s.get("rejected_replies"):
         lines.append(f"rejected replies: {s['rejected_replies']}")
     lines.append(f"results: {path} (plot: {path.parent / 'accuracy.png'})")

@@ -34,6 +34,7 @@ from fedpdm_flower.fedapp.apps.common import federation, node_of
 from fedpdm_flower.fedapp.config import ConfigError, RunConfig
 from fedpdm_flower.fedapp.layout import ArrayLayout
 from fedpdm_flower.fedapp.privacy import zcdp
+from fedpdm_flower.fedapp.privacy.zcdp import Theorem3Calibration
 from fedpdm_flower.fedapp.sampling import rng_for
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ __all__ = [
     "load_mnist_problem",
     "local_agent",
     "recal_client",
+    "recal_privacy",
     "recal_problem",
     "recal_strategy",
     "reference_solution",
@@ -167,15 +169,24 @@ def evaluate_fn(cfg: RunConfig) -> Callable[[int, ArrayRecord], MetricRecord]:
 
 
 # ---------------------------------------------------------------------------------------------- builders
+def recal_privacy(cfg: RunConfig) -> Theorem3Calibration | None:
+    """The strategies' ``privacy=`` from the run config: the paper's mechanism (the reproduction setting) --
+    ``recal-epsilon`` > 0 calibrates sigma_1 to it (Theorem 3, ``recal-delta``, ``recal-r``), else ``recal-sigma1`` > 0
+    is used as given -- or None (both 0: the non-private algorithm)."""
+    if cfg.recal_epsilon > 0:
+        return Theorem3Calibration(epsilon=cfg.recal_epsilon, delta=cfg.recal_delta, R=cfg.recal_r)
+    if cfg.recal_sigma1 > 0:
+        return Theorem3Calibration(sigma1=cfg.recal_sigma1, delta=cfg.recal_delta, R=cfg.recal_r)
+    return None
+
+
 def recal_strategy(cfg: RunConfig) -> RecalFamily:
     """DP-RECAL (``dp-recal``) or a Table V baseline (``dp-pg-extra``, ``dp-nids``, ``dp-rw-admm``)."""
     from fedpdm_flower.strategies.recal import DPRECAL
     from fedpdm_flower.strategies.recal_baselines import DPNids, DPPGExtra, DPRWAdmm
 
-    privacy: dict[str, Any] = ({"epsilon": cfg.recal_epsilon} if cfg.recal_epsilon > 0
-                               else {"epsilon": None, "sigma1": cfg.recal_sigma1})
-    common: dict[str, Any] = {**federation(cfg), **privacy, "graph": cfg.graph, "delta": cfg.recal_delta,
-                              "R": cfg.recal_r, "nu1": cfg.recal_nu1, "nu2": cfg.recal_nu2}
+    common: dict[str, Any] = {**federation(cfg), "privacy": recal_privacy(cfg), "graph": cfg.graph,
+                              "nu1": cfg.recal_nu1, "nu2": cfg.recal_nu2}
     walk = {"walk": cfg.walk, "walk_start": cfg.walk_start, "xi_plan": cfg.xi_plan,
             "stop_on_budget": cfg.stop_on_budget}
     alg = cfg.algorithm
