@@ -238,3 +238,55 @@ def test_least_squares_records_give_the_clipped_sum_of_their_per_record_gradient
     np.testing.assert_allclose(per.mean(axis=0), LocalLeastSquares(b, t).grad(y), rtol=1e-12)
     np.testing.assert_allclose(model.clipped_grad_sum(y, b, t, 0.7), clip_rows(per, 0.7).sum(axis=0), rtol=1e-12)
     assert isinstance(model, LeastSquares) and model.dim == 12
+
+
+# ----------------------------------------------------------------------------- DPQ-DSGD under DP-SGD
+def _dpq_run(rounds: int, q_step: float, **kw: Any) -> tuple[Any, dict[int, Context]]:
+    from fedpdm_flower.clients.dpq import DPQClient
+    from fedpdm_flower.strategies.dpq import DPQDSGD
+
+    strategy = DPQDSGD(min_available_nodes=N, horizon=rounds - 2, q_step=q_step, a1=1.0, a2=3.0, seed=0,
+                       privacy=TARGET, evaluate_average=True, eval_every=rounds)
+    return run_clients(strategy, lambda c: DPQClient(LeastSquares(Q), rows(pid(c)), seed=5, **kw), num_nodes=N,
+                       num_rounds=rounds, initial_arrays=W0)
+
+
+def test_dpq_without_privacy_refuses_and_says_what_to_pass() -> None:
+    from fedpdm_flower.strategies.dpq import DPQDSGD
+
+    with pytest.raises(ValueError, match=r"DPQDSGD is a differentially private strategy: pass privacy=PrivacyTarget.*"
+                                         r"TimeVaryingNoise"):
+        DPQDSGD(min_available_nodes=N)
+
+
+def test_dpq_nodes_charge_one_step_per_update_and_publish_their_exact_state() -> None:
+    """Every update is one DP-SGD step (none in the bootstrap round); each node's ledger holds exactly those, and a
+    second implementation of the accountant agrees; unquantized messages are float32 copies of the node's state
+    (no noise of their own); the node-average model upload is inside the guarantee (no share_model needed)."""
+    from opacus.accountants import RDPAccountant
+
+    from fedpdm_flower.clients.dpq import STATE
+
+    rounds = 12
+    strategy, contexts = _dpq_run(rounds, q_step=0.0)
+    mech = strategy.dpsgd
+    assert mech is not None
+    for i, ctx in contexts.items():
+        ledger = DPSGDLedger.from_record(dict(ctx.state.config_records["dpsgd"]))
+        assert ledger.history == [(mech.noise_multiplier, mech.sample_rate, rounds - 1)]
+        acc = RDPAccountant()
+        acc.history = list(ledger.history)
+        assert ledger.epsilon(TARGET.delta) == pytest.approx(acc.get_epsilon(TARGET.delta), rel=0.02)
+        x = ctx.state.array_records[STATE]["x"].numpy()
+        np.testing.assert_array_equal(strategy.outbox[i][0].view(np.float32), x.astype(np.float32))
+    assert strategy.history[-1].epsilon <= TARGET.epsilon * (1 + 1e-9)
+    assert strategy.avg_model is not None  # the nodes uploaded x_i without share_model: post-processing
+
+
+def test_dpq_learns_at_epsilon_eight() -> None:
+    """At epsilon = 8 the node-average model is within 10 % of the pooled least-squares optimum (quantized messages,
+    Delta = 0.01)."""
+    strategy, _ = _dpq_run(150, q_step=0.01)
+    x_star = pooled_optimum(0.0)
+    w = strategy.current_arrays()["w"].numpy()
+    assert np.linalg.norm(w - x_star) < 0.1 * np.linalg.norm(x_star)

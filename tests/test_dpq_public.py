@@ -28,6 +28,8 @@ from fedpdm_flower.fedapp.algorithms import dpq
 from fedpdm_flower.fedapp.compression import quantize
 from fedpdm_flower.fedapp.localdata import ArrayData, as_local_data
 from fedpdm_flower.fedapp.models.torch_model import TorchModel
+from fedpdm_flower.fedapp.privacy.dpq import TimeVaryingNoise
+from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
 from fedpdm_flower.strategies.base import RoundFailed, Scalar
 from fedpdm_flower.strategies.dpq import DPQDSGD
 from simulations.inprocess import run_clients
@@ -74,7 +76,7 @@ def test_a_users_cnn_takes_update_6_as_computed_by_hand() -> None:
     net = TinyCNN()
     torch.manual_seed(0)
     x0 = flat(net)
-    strategy = DPQDSGD(min_available_nodes=N, horizon=10, a3=2.0, q_step=q_step, seed=0)
+    strategy = DPQDSGD(min_available_nodes=N, horizon=10, a3=2.0, q_step=q_step, seed=0, privacy=TimeVaryingNoise())
     strategy, contexts = run_clients(
         strategy, lambda c: DPQClient(TinyCNN(), data[pid(c)], loss_fn=nn.CrossEntropyLoss(), seed=seed),
         num_nodes=N, num_rounds=2, initial_arrays=ArrayRecord(net.state_dict()))
@@ -120,7 +122,7 @@ def test_the_node_average_comes_back_in_the_users_layout_and_learns() -> None:
         seen.append(acc)
         return MetricRecord({"accuracy": acc})
 
-    strategy = DPQDSGD(min_available_nodes=N, variant="dsgd", horizon=12, a1=0.6, a2=1.0, a3=4.0, seed=0,
+    strategy = DPQDSGD(min_available_nodes=N, privacy=None, q_step=0.0, horizon=12, a1=0.6, a2=1.0, a3=4.0, seed=0,
                        evaluate_average=True, eval_every=4)
     strategy, contexts = run_clients(
         strategy, lambda c: DPQClient(TinyCNN(), data[pid(c)], seed=1, share_model=True),
@@ -144,7 +146,7 @@ def test_numpy_least_squares_dsgd_reaches_the_closed_form_fixed_point() -> None:
     # alpha = 0 / beta = 0 exponents make the steps constants: alpha_hat = a1 (ln K)^2, beta_hat = a2; a3 = D -> full batch
     K = 200
     a_hat, b_hat = 0.2, 0.5
-    strategy = DPQDSGD(min_available_nodes=N, variant="dsgd", horizon=K, a1=a_hat / math.log(K) ** 2, alpha=0.0,
+    strategy = DPQDSGD(min_available_nodes=N, privacy=None, q_step=0.0, horizon=K, a1=a_hat / math.log(K) ** 2, alpha=0.0,
                        a2=b_hat, beta=0.0, a3=30.0, gamma=0.0, seed=0)
     strategy, contexts = run_clients(strategy, lambda c: DPQClient(LeastSquares(3), data[pid(c)], seed=0),
                                      num_nodes=N, num_rounds=K + 2, initial_arrays=ArrayRecord([np.zeros(3)]))
@@ -164,7 +166,8 @@ def test_numpy_least_squares_dsgd_reaches_the_closed_form_fixed_point() -> None:
 def test_numpy_model_on_flower_equals_the_simulator(variant: str) -> None:
     """The same user model and data in simulate() (per-node engine) and through the strategy: bit for bit."""
     data = least_squares_data(rows=25)
-    strategy = DPQDSGD(min_available_nodes=N, variant=variant, q_step=0.25, horizon=20, a3=2.0, seed=0)
+    strategy = DPQDSGD(min_available_nodes=N, privacy=TimeVaryingNoise(), q_step=0.25 if variant == "dpq" else 0.0,
+                       horizon=20, a3=2.0, seed=0)
     strategy, contexts = run_clients(strategy, lambda c: DPQClient(LeastSquares(3), data[pid(c)], seed=3),
                                      num_nodes=N, num_rounds=6, initial_arrays=ArrayRecord([np.full(3, 0.5)]))
     assert strategy.params is not None
@@ -198,7 +201,7 @@ class Padder(DPQClient):
 
 def test_a_padded_message_is_refused_by_the_server_and_the_run_stops() -> None:
     data = least_squares_data()
-    strategy = DPQDSGD(min_available_nodes=N, horizon=10, seed=0)
+    strategy = DPQDSGD(min_available_nodes=N, horizon=10, seed=0, privacy=TimeVaryingNoise())
     with pytest.raises(RoundFailed, match=r"round 2: no valid \w+ from \w+\(s\) \[2\].*non-canonical header"):
         run_clients(strategy, lambda c: Padder(LeastSquares(3), data[pid(c)], seed=0), num_nodes=N, num_rounds=4,
                     initial_arrays=ArrayRecord([np.zeros(3)]))
@@ -216,6 +219,7 @@ def _messages(strategy: DPQDSGD, server_round: int) -> dict[int, RecordDict]:
 
 
 def _started(**kw: Any) -> DPQDSGD:
+    kw.setdefault("privacy", TimeVaryingNoise())
     strategy = DPQDSGD(min_available_nodes=N, horizon=10, seed=0, **kw)
     strategy.initialize(ArrayRecord([np.zeros(3)]))
     strategy.prepare(6)
@@ -267,17 +271,21 @@ def test_the_device_keeps_the_last_word_on_its_privacy() -> None:
         _client(0).handle("train", msg)
     reply = _client(0, share_model=True).handle("train", msg)
     assert len(reply["arrays"]) == 2
-    # a privacy floor refuses a noiseless run, and the release that would pass it
-    plain = _messages(_started(variant="quant-only"), 1)[0]
-    with pytest.raises(ValueError, match="without privacy noise"):
+    # a privacy floor refuses a noiseless run and the paper's noise (no rigorous bound) from the bootstrap on, and a
+    # DP-SGD step that would pass it
+    plain = _messages(_started(privacy=None), 1)[0]
+    with pytest.raises(ValueError, match=r"refused: the message asks for no noise, whose rigorous epsilon is unbounded"):
         _client(0, max_epsilon=1.0).handle("train", plain)
-    strategy = _started(sigma_scale=1e-4)  # tiny noise: eps_0 = c_0 S_0 / sigma_1 is large
-    clients = {i: _client(i, max_epsilon=1.0) for i in range(N)}
+    paper = _messages(_started(), 1)[0]
+    with pytest.raises(ValueError, match="refused: the message asks for the paper's noise on the messages only"):
+        _client(0, max_epsilon=1.0).handle("train", paper)
+    strategy = _started(privacy=PrivacyTarget(epsilon=8.0, sample_rate=0.5))
+    clients = {i: _client(i, max_epsilon=1.0) for i in range(N)}  # a first step at q = 0.5 costs more than 1
     first = _messages(strategy, 1)
     strategy.consume_replies(1, [(i, clients[i].handle("train", first[i])) for i in range(N)])
-    assert strategy.schedule is not None and strategy.schedule.eps(0) > 1.0
-    with pytest.raises(ValueError, match=r"refused: this release would take the device's epsilon \(Theorem 1\)"):
+    with pytest.raises(ValueError, match=r"refused: 1 DP-SGD step\(s\) at z = .* > its floor max_epsilon = 1"):
         clients[0].handle("train", _messages(strategy, 2)[0])
+    assert "dpsgd" not in clients[0].state.config_records  # refused before anything was charged
 
 
 # ----------------------------------------------------------------------------- what the constructors say
@@ -292,16 +300,24 @@ def test_buffers_are_refused_with_a_clear_error() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
-    ({"variant": "noisy"}, "variant"), ({"q_step": 0.0}, "q_step"), ({"a1": -1.0}, "a1"), ({"horizon": 1}, "horizon"),
-    ({"sigma_offset": 0.0}, "sigma_offset"), ({"dp_C": 0.0}, "dp_C"), ({"delta_shift": 2}, "delta_shift"),
-    ({"self_term": "y"}, "self_term"), ({"sigma_scale": 0.0}, "sigma_scale"),
+    ({"q_step": -1.0}, "q_step"), ({"a1": -1.0}, "a1"), ({"horizon": 1}, "horizon"), ({"self_term": "y"}, "self_term"),
 ])
 def test_bad_hyperparameters_name_the_argument(kwargs: dict[str, Scalar], name: str) -> None:
     with pytest.raises(ValueError, match=name):
-        DPQDSGD(**kwargs)
+        DPQDSGD(privacy=None, **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"sigma_offset": 0.0}, "sigma_offset"), ({"dp_C": 0.0}, "dp_C"), ({"delta_shift": 2}, "delta_shift"),
+    ({"sigma_scale": 0.0}, "sigma_scale"),
+])
+def test_bad_paper_noise_names_the_argument(kwargs: dict[str, Scalar], name: str) -> None:
+    with pytest.raises(ValueError, match=f"TimeVaryingNoise {name}"):
+        TimeVaryingNoise(**kwargs)  # type: ignore[arg-type]
 
 
 def _prepared(num_rounds: int, **kw: Any) -> DPQDSGD:
+    kw.setdefault("privacy", TimeVaryingNoise())
     s = DPQDSGD(min_available_nodes=N, **kw)
     s.initialize(ArrayRecord([np.zeros(3)]))
     s.prepare(num_rounds)
@@ -325,7 +341,7 @@ def test_a_device_without_a_seed_draws_fresh_noise() -> None:
     data = least_squares_data()
     outs = []
     for _ in range(2):
-        strategy = DPQDSGD(min_available_nodes=N, horizon=10, seed=0)
+        strategy = DPQDSGD(min_available_nodes=N, horizon=10, seed=0, privacy=TimeVaryingNoise())
         run_clients(strategy, lambda c: DPQClient(LeastSquares(3), data[pid(c)]), num_nodes=N, num_rounds=2,
                     initial_arrays=ArrayRecord([np.zeros(3)]))
         outs.append(strategy.outbox[0][0])

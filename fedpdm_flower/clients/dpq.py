@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 
 from fedpdm_flower.clients.base import ROUND_KEY, MessageConfig
 from fedpdm_flower.clients.decentralized import MSG_ROUND, SyncAgentClient
+from fedpdm_flower.clients.dpsgd import mechanism_of
 from fedpdm_flower.fedapp.algorithms import dpq
 from fedpdm_flower.fedapp.compression import quantize
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
@@ -100,12 +101,16 @@ class DPQClient(SyncAgentClient):
     eval_samples
         The train accuracy of evaluation rounds uses the first ``eval_samples`` local samples (None: all).
     share_model
-        The device allows uploading its exact x_i when the server asks (``DPQDSGD(evaluate_average=True)``), for a
-        node-average model outside the DP guarantee. Default False: such a request is refused.
+        The device allows uploading its exact x_i when the server asks (``DPQDSGD(evaluate_average=True)``) in a run
+        without DP-SGD, for a node-average model outside any DP guarantee. Default False: such a request is refused.
+        Under record-level DP-SGD x_i is post-processing of the noisy gradients, so it is uploaded when asked.
     max_epsilon
-        The device's privacy floor: the largest cumulative epsilon of the paper accountant (Theorem 1, sum eps_k)
-        it accepts to spend. A message without noise, or a release that would pass the floor, is refused. None
-        (default) sets none.
+        The device's privacy floor: the most epsilon (RDP of record-level DP-SGD, at the message's delta) it spends
+        over everything it ever releases. A DP-SGD step that would pass it is refused before the data is touched,
+        and so is a run without DP-SGD (no noise, or the paper's noise, whose rigorous epsilon is unbounded), from
+        its bootstrap round on. None (default) sets none.
+    ledger_path
+        A file that keeps the device's DP-SGD ledger across runs (None: ``context.state`` only).
     max_abs_message
         The largest |z_j| coordinate accepted in a neighbour's message (default 1e6): an honest z_j is x_j + n_j
         rounded to the grid, so a value beyond any plausible weight plus noise is refused before it is mixed. None
@@ -121,11 +126,12 @@ class DPQClient(SyncAgentClient):
     def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Context | None = None,
                  seed: int | None = None, neighbours: Any = None, test_data: Any = None,
                  eval_samples: int | None = None, share_model: bool = False, max_epsilon: float | None = None,
-                 max_abs_message: float | None = 1e6) -> None:
+                 ledger_path: Any = None, max_abs_message: float | None = 1e6) -> None:
         if model is None or data is None:
             raise ValueError("DPQClient trains the user's model on the node's data: pass a torch nn.Module (and "
                              "loss_fn) or a numpy model with dim / grad / loss, and the local data")
-        super().__init__(model, data, loss_fn, context=context, seed=seed, neighbours=neighbours)
+        super().__init__(model, data, loss_fn, context=context, seed=seed, neighbours=neighbours,
+                         max_epsilon=max_epsilon, ledger_path=ledger_path)
         self.objective = dpq.local_objective(self.model, self.require_data())
         self.test: ArrayData | TorchData | None = None if test_data is None else as_local_data(test_data)
         if eval_samples is not None and (isinstance(eval_samples, bool) or not isinstance(eval_samples, int)
@@ -133,9 +139,6 @@ class DPQClient(SyncAgentClient):
             raise ValueError(f"eval_samples must be None or an integer >= 1, got {eval_samples!r}")
         self.eval_samples = eval_samples
         self.share_model = bool(share_model)
-        if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
-            raise ValueError(f"max_epsilon must be a finite number > 0 or None, got {max_epsilon!r}")
-        self.max_epsilon = max_epsilon
         if max_abs_message is not None and not max_abs_message > 0:
             raise ValueError(f"max_abs_message must be > 0 or None, got {max_abs_message!r}")
         self.max_abs_message = max_abs_message
@@ -231,15 +234,12 @@ class DPQClient(SyncAgentClient):
         if ledger is not None:
             state[LEDGER] = ConfigRecord(ledger.to_record())  # type: ignore[arg-type]
 
-    def charge(self, ledger: DPQLedger, k: int, sigma: float) -> None:
-        """Record the release after update k (noise std ``sigma``); refuse it if it would pass ``max_epsilon``."""
+    @staticmethod
+    def charge(ledger: DPQLedger, k: int, sigma: float) -> None:
+        """Record the release after update k (noise std ``sigma``) in the paper accountant's ledger."""
         with warnings.catch_warnings():  # eps_k >= 1 is reported (dpq_lemma3_violations), not raised
             warnings.simplefilter("ignore", Lemma3Warning)
             ledger.record(k, sigma)  # the release x_{k+1} + n_{k+1} (spec 4.1)
-        eps = ledger.eps_total
-        if self.max_epsilon is not None and not eps <= self.max_epsilon:
-            raise ValueError(f"refused: this release would take the device's epsilon (Theorem 1) to {eps:.4g} > its "
-                             f"floor max_epsilon = {self.max_epsilon}")
 
     # ------------------------------------------------------------------ one round
     def fit(self, parameters: list[Any], config: dict[str, Any]) -> Fit:
@@ -260,9 +260,9 @@ class DPQClient(SyncAgentClient):
             self.neighbours(cfg)  # a device with pinned neighbours refuses another graph from the start
             if STATE in self.state.array_records:
                 raise ValueError(f"node {i} is already initialised (bootstrap round twice?)")
-            if self.max_epsilon is not None and not p.noise:
-                raise ValueError(f"refused: the server asks for messages without privacy noise, and this device "
-                                 f"allows at most epsilon = {self.max_epsilon}")
+            if mechanism_of(config) is None:  # a device with a floor refuses the run before it starts
+                self.private_gradients(config, None, None, 0, "the paper's noise on the messages only (no clipping)"
+                                       if p.noise else "no noise")
             x = self.initial_state(parameters)
             m = dpq.node_message(p, i, 0, x)  # z_{i,0}: data-independent, costs no privacy
             t = 1
@@ -272,13 +272,19 @@ class DPQClient(SyncAgentClient):
             _, inbox = self.inbox(parameters, cfg)
             w_self, w_nbrs = self.mixing_row(cfg)
             x, own, t, ledger = self.load(k, cfg)
+            received = [self.decode_neighbour(p, j, inbox[j][0]) for j in w_nbrs]
+            private = self.private_gradients(config, self.objective.model, self.objective.data, k,
+                                             "the paper's noise on the messages only (no clipping)" if p.noise
+                                             else "no noise")  # the floor is checked before the data is touched
             if ledger is not None:
                 self.charge(ledger, k, p.sigma(k + 1))
-            received = [self.decode_neighbour(p, j, inbox[j][0]) for j in w_nbrs]
-            x, m_next = dpq.node_round(p, i, k, x, own, w_self, list(w_nbrs.values()), received, self.objective)
+            x, m_next = dpq.node_round(p, i, k, x, own, w_self, list(w_nbrs.values()), received, self.objective,
+                                       gradient=None if private is None else private.step)
             assert m_next is not None
             m, t = m_next, t + 1
-            if math.isfinite(self.objective.last_loss):
+            if private is not None:
+                metrics.update(private.charge())
+            elif math.isfinite(self.objective.last_loss):  # the minibatch loss: outside any DP guarantee
                 metrics["train_loss"] = self.objective.last_loss
         self.save(x, m, k + 1, t, ledger)
         metrics["t"] = t
@@ -289,10 +295,11 @@ class DPQClient(SyncAgentClient):
             if math.isfinite(budget.log_delta_hat):
                 metrics["dpq_log_delta_hat"] = budget.log_delta_hat
         arrays = [self.encode_message(p, m)]
+        dpsgd = mechanism_of(config) is not None
         if cfg.flag(EVAL_KEY, False):
-            metrics.update(self.evaluate_state(x))
+            metrics.update(self.evaluate_state(x, own_records=not dpsgd))
         if cfg.flag(SHARE_KEY, False):
-            if not self.share_model:
+            if not (self.share_model or dpsgd):  # under DP-SGD x_i is post-processing: inside the guarantee
                 raise ValueError("refused: the server asks for this node's exact model x_i (evaluation only, outside "
                                  "the DP guarantee); build the client with share_model=True to allow it")
             arrays.append(np.asarray(x, dtype=np.float64))
@@ -309,11 +316,13 @@ class DPQClient(SyncAgentClient):
         acc = float(self.model.accuracy(x, inputs, targets)) if hasattr(self.model, "accuracy") else math.nan
         return acc, float(self.model.loss(x, inputs, targets))
 
-    def evaluate_state(self, x: dpq.FloatArray) -> dict[str, float]:
-        """This node's own x_i on its test data (if any) and on its first ``eval_samples`` local samples."""
+    def evaluate_state(self, x: dpq.FloatArray, own_records: bool = True) -> dict[str, float]:
+        """This node's own x_i on its test data (if any) and, with ``own_records``, on its first ``eval_samples``
+        local samples (not under DP-SGD: an accuracy on the private records is outside the guarantee)."""
         out: dict[str, float] = {}
         if self.test is not None:
             acc, loss = self._scores(x, self.test, None)
             out.update({"test_accuracy": acc, "test_loss": loss})
-        out["train_accuracy"] = self._scores(x, self.require_data(), self.eval_samples)[0]
+        if own_records:
+            out["train_accuracy"] = self._scores(x, self.require_data(), self.eval_samples)[0]
         return {key: v for key, v in out.items() if math.isfinite(v)}

@@ -71,7 +71,9 @@ from fedpdm_flower.fedapp.algorithms import dpq
 from fedpdm_flower.fedapp.compression import quantize
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.layout import FloatArray
-from fedpdm_flower.fedapp.privacy.dpq import DPQSchedule
+from fedpdm_flower.fedapp.privacy.dpq import DPQSchedule, TimeVaryingNoise
+from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDMechanism, dpsgd_epsilon
+from fedpdm_flower.fedapp.privacy.target import MISSING, PrivacyTarget, require_privacy
 from fedpdm_flower.fedapp.results import RoundRecord
 from fedpdm_flower.strategies.base import Scalar
 from fedpdm_flower.strategies.decentralized import SyncRouter
@@ -127,34 +129,38 @@ class DPQDSGD(SyncRouter):
 
     Parameters
     ----------
-    variant
-        ``"dpq"`` (default: noise and quantization, the paper), ``"dp-only"`` (noise, float32 messages x + n),
-        ``"quant-only"`` (quantized x, no noise), ``"dsgd"`` (neither: plain DSGD with the lazy mixing matrix
-        (1 - beta_hat) I + beta_hat A); spec 2.5.
+    privacy
+        Required (no epsilon is chosen for you; without it the strategy refuses to start and says what to pass):
+
+        * :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` -- **record-level DP-SGD in the gradient (5)**:
+          at iteration k node i Poisson-samples its records at ``sample_rate`` from its own randomness, clips every
+          record's gradient to ``clip_norm`` and adds Gaussian noise to the clipped sum (one DP-SGD step per
+          iteration; the sample replaces the paper's gamma_hat minibatch). The consensus step (6), the quantizer and
+          the messages are post-processing: no noise is added to the messages, and the guarantee holds against
+          everyone who sees them -- the routing server, every neighbour, an eavesdropper. z is calibrated under the
+          RDP accountant of the subsampled Gaussian for the run's updates (``num_rounds - 1``, or the target's
+          ``horizon``); each node charges its own ledger and refuses a step past its floor. The node-average
+          model (``evaluate_average``) is post-processing too, so it stays inside the guarantee.
+        * :class:`fedpdm_flower.fedapp.privacy.dpq.TimeVaryingNoise` -- the paper's mechanism, the reproduction
+          setting: noise ``sigma_k = sigma_scale (k + sigma_offset)^sigma_exp`` on the messages, each node's ledger
+          the paper accountant (Theorem 1's sum eps_k); its rigorous epsilon is unbounded (no clipping) and is
+          reported as inf beside it.
+        * ``None`` -- no noise (quantization only, or plain DSGD with ``q_step=0``).
     q_step
         Delta, the step of the probabilistic quantizer eq. (3) on the grid Delta Z (default 1; the paper uses 1, 5,
-        10). Used by the quantizing variants only.
+        10). 0: no quantization, the messages are float32 (the paper's "DP only" and "DSGD" ablations, spec 2.5).
     horizon
         K: the run is iterations k = 0..K, and alpha_hat, beta_hat, gamma_hat depend on it (Theorem 1: constant
-        within a run, a run cannot be extended, spec 9.19). None (default) takes ``num_rounds - 2`` (round 1 is the
-        bootstrap), so ``num_rounds = K + 2`` runs Algorithm 1 in full; a larger horizon runs only the first
-        ``num_rounds - 1`` iterations of that schedule.
+        within a run, a run cannot be extended, spec 9.19). None (default) takes ``num_rounds - 2``, so
+        ``num_rounds = K + 2`` runs Algorithm 1 in full; a larger horizon runs only the first ``num_rounds - 1``
+        iterations of that schedule.
     a1, alpha
         Gradient step ``alpha_hat = a1 (ln K)^2 / K^alpha`` of (6) (Assumption 4; defaults 0.35 and 1).
     a2, beta
         Consensus step ``beta_hat = a2 / K^beta`` of (6), which must lie in (0, 1) (Theorem 1; defaults 0.3, 0.75).
     a3, gamma
         Minibatch size ``gamma_hat = floor(a3 K^gamma) + 1`` of (5), drawn without replacement (defaults 0.24, 0.7).
-    sigma_exp, sigma_offset, sigma_scale
-        Noise standard deviation ``sigma_k = sigma_scale (k + sigma_offset)^sigma_exp`` of the message of iteration
-        k (Theorem 1 with the paper's experimental offset; defaults 0.1, 5 and 1; offset 1 is the theory's). The
-        noise is absolute, not relative to the weights (spec 9.5).
-    delta_exp, delta_shift
-        ``delta_k = (k + 1 + delta_shift)^(-delta_exp)`` of Theorem 1 (defaults 3 and 0; the paper's delta_0 = 1
-        makes its delta_hat vacuous, spec 9.8; ``delta_shift=1`` is the non-vacuous variant).
-    dp_C
-        C of Definition 1, eq. (4): the bound on per-sample gradient differences the accountant assumes (default
-        0.2; the paper does not clip, so C is an accountant parameter only, spec 9.11).
+        Unused under DP-SGD (its Poisson sample has expected size q D).
     self_term
         ``"z"`` (default: a_ii multiplies the node's own quantized noisy message, as (31) does) or ``"x"`` (its exact
         state; spec 9.3's variant).
@@ -173,7 +179,8 @@ class DPQDSGD(SyncRouter):
 
     Examples
     --------
-    >>> strategy = DPQDSGD(min_available_nodes=4, graph="ring", q_step=1.0, sigma_exp=0.1)
+    >>> strategy = DPQDSGD(min_available_nodes=4, graph="ring", q_step=0.01, a1=4.6,
+    ...                    privacy=PrivacyTarget(epsilon=8.0, sample_rate=0.02, clip_norm=1.0))
     >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=K + 2)
     """
 
@@ -183,30 +190,37 @@ class DPQDSGD(SyncRouter):
                         "node_privacy", "node_eval")
 
     privacy_label = "eps(Thm 1)"
+    #: the nodes' rigorous cumulative epsilon under DP-SGD (their ledgers, RDP of the subsampled Gaussian)
+    PRIVACY_KEYS = ("eps_dpsgd",)
+    RIGOROUS_PRIVACY = ("eps_dpsgd", "RDP (record-level DP-SGD, Poisson-subsampled Gaussian)")
 
-    def __init__(self, *, variant: str = "dpq", q_step: float = 1.0, horizon: int | None = None, a1: float = 0.35,
+    def __init__(self, *, privacy: Any = MISSING, q_step: float = 1.0, horizon: int | None = None, a1: float = 0.35,
                  alpha: float = 1.0, a2: float = 0.3, beta: float = 0.75, a3: float = 0.24, gamma: float = 0.7,
-                 sigma_exp: float = 0.1, sigma_offset: float = 5.0, sigma_scale: float = 1.0, delta_exp: float = 3.0,
-                 delta_shift: int = 0, dp_C: float = 0.2, self_term: str = "z", evaluate_average: bool = False,
-                 **federation: Any) -> None:
+                 self_term: str = "z", evaluate_average: bool = False, **federation: Any) -> None:
         super().__init__(**federation)
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
-        self.variant = variant
-        self.q_step = _real("q_step", q_step, lo=0.0, lo_open=variant in ("dpq", "quant-only"))
+        privacy = require_privacy(privacy, "DPQDSGD", "TimeVaryingNoise(sigma_exp=..., ...)")
+        if privacy is not None and not isinstance(privacy, PrivacyTarget | TimeVaryingNoise):
+            raise TypeError(f"privacy must be a PrivacyTarget (record-level DP-SGD), a TimeVaryingNoise (the paper's "
+                            f"mechanism) or None (no noise), got {type(privacy).__name__}")
+        self.target: PrivacyTarget | None = privacy if isinstance(privacy, PrivacyTarget) else None
+        self.paper: TimeVaryingNoise | None = privacy if isinstance(privacy, TimeVaryingNoise) else None
+        if self.target is not None:
+            self.target.rate("DPQDSGD")  # the sample rate is required: said now
+            self.privacy_label = "eps(DP-SGD, RDP)"
+        noise = self.paper or TimeVaryingNoise()  # the schedule's noise constants (unused without the paper's noise)
+        self.q_step = _real("q_step", q_step, lo=0.0)
+        #: spec 2.5's name of this configuration (noise x quantization), for records and the reproduction app
+        self.variant = ("dpq" if self.q_step > 0 else "dp-only") if self.paper is not None else \
+            ("quant-only" if self.q_step > 0 else "dsgd")
         if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 2):
             raise ValueError(f"horizon must be None or an integer K >= 2, got {horizon!r}")
         self.horizon = horizon
         self.a1, self.a2, self.a3 = (_real(n, v, lo=0.0, lo_open=True) for n, v in (("a1", a1), ("a2", a2), ("a3", a3)))
         self.alpha, self.beta, self.gamma = (_real(n, v) for n, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)))
-        self.sigma_exp = _real("sigma_exp", sigma_exp)
-        self.sigma_offset = _real("sigma_offset", sigma_offset, lo=0.0, lo_open=True)
-        self.sigma_scale = _real("sigma_scale", sigma_scale, lo=0.0, lo_open=variant in ("dpq", "dp-only"))
-        self.delta_exp = _real("delta_exp", delta_exp, lo=0.0, lo_open=True)
-        if delta_shift not in (0, 1) or isinstance(delta_shift, bool):
-            raise ValueError(f"delta_shift must be 0 (the paper) or 1, got {delta_shift!r}")
-        self.delta_shift = int(delta_shift)
-        self.dp_C = _real("dp_C", dp_C, lo=0.0, lo_open=True)
+        self.sigma_exp, self.sigma_offset, self.sigma_scale = noise.sigma_exp, noise.sigma_offset, noise.sigma_scale
+        self.delta_exp, self.delta_shift, self.dp_C = noise.delta_exp, noise.delta_shift, noise.dp_C
+        #: the DP-SGD mechanism of every node's gradient (z, q, C; one step per update), set by :meth:`prepare`
+        self.dpsgd: DPSGDMechanism | None = None
         if self_term not in ("z", "x"):
             raise ValueError(f"self_term must be 'z' or 'x', got {self_term!r}")
         self.self_term = self_term
@@ -235,6 +249,15 @@ class DPQDSGD(SyncRouter):
         base = dpq.params_from_schedule(self.schedule, q_step=self.q_step, seed=None, self_term=self.self_term,
                                         float_messages="float32")
         self.params = dpq.ablation(base, self.variant)
+        if self.target is not None:  # before round 1: an unreachable target stops here, naming the knob
+            updates = num_rounds - 1  # round 1 is the bootstrap; every later round is one update (5)-(6)
+            if self.target.horizon is not None and self.target.horizon < updates:
+                raise ValueError(f"PrivacyTarget horizon = {self.target.horizon} covers fewer DP-SGD steps than the "
+                                 f"{updates} updates every node takes in {num_rounds} rounds")
+            self.dpsgd = self.target.mechanism(1, updates, owner="DPQDSGD")
+            log(INFO, "DPQDSGD: record-level DP-SGD, (epsilon, delta) = (%g, %g) per node over %d step(s): z = %.4g, "
+                "q = %g, C = %g", self.target.epsilon, self.target.delta, self.target.horizon or updates,
+                self.dpsgd.noise_multiplier, self.dpsgd.sample_rate, self.dpsgd.clip_norm)
         if self.params.noise:
             for k in (0, K + 1):  # sigma_k is a power law in k: its extremes are at the ends
                 sig = self.params.sigma(k)
@@ -272,8 +295,11 @@ class DPQDSGD(SyncRouter):
         """The run constants, the update index k = round - 2 (the node checks it against its own counter) and the
         evaluation flags."""
         evaluated = self.is_eval_round(server_round)
+        dp: dict[str, Scalar] = {}
+        if self.target is not None and self.dpsgd is not None:  # one DP-SGD step per update (none in round 1)
+            dp = dict(self.target.message_config(self.dpsgd))
         return {**self.run_config(), K_KEY: server_round - 2, EVAL_KEY: evaluated,
-                SHARE_KEY: evaluated and self.evaluate_average}
+                SHARE_KEY: evaluated and self.evaluate_average, **dp}
 
     def initial_vector(self) -> NDArray[Any]:
         """x_0 as it travels in round 1: float32 when that is exact (a float32 model), else float64."""
@@ -358,6 +384,19 @@ class DPQDSGD(SyncRouter):
                 "dpq_eps": max(eps), "dpq_log_delta_hat": worst_log, "dpq_delta_hat": _log_delta_to_delta(worst_log),
                 "dpq_eps_k_max": max(float(metrics[i].get("dpq_eps_k_max", 0.0)) for i in range(n)),
                 "dpq_lemma3_violations": max(float(metrics[i].get("dpq_lemma3_violations", 0.0)) for i in range(n)),
+                "eps_rigorous": TimeVaryingNoise.RIGOROUS_EPSILON,  # no clipping: no bound (TimeVaryingNoise)
+            }
+        elif self.dpsgd is not None and server_round > 1:
+            reported = [metrics[i].get("eps_dpsgd") for i in range(n)]
+            steps = server_round - 1
+            self.node_privacy = {
+                "eps_dpsgd": max(float(v) for v in reported if isinstance(v, int | float)) if any(
+                    isinstance(v, int | float) for v in reported) else math.nan,
+                # the server's recomputation from (z, q, steps): what every node's ledger must say
+                "eps_dpsgd_server": dpsgd_epsilon(self.dpsgd.noise_multiplier, self.dpsgd.sample_rate, steps,
+                                                  self.target.delta if self.target is not None else 1e-5),
+                "dp_noise_multiplier": self.dpsgd.noise_multiplier, "dp_sample_rate": self.dpsgd.sample_rate,
+                "dp_clip": self.dpsgd.clip_norm, "dp_steps": float(steps),
             }
         self.node_eval = {}
         if self.is_eval_round(server_round):
@@ -392,11 +431,16 @@ class DPQDSGD(SyncRouter):
         return self.x
 
     def privacy_summary(self) -> dict[str, float]:
-        """The worst node's ledger (cumulative eps, delta_hat) after the last round; empty without noise."""
+        """The worst node's ledger after the last round: DP-SGD's RDP epsilon (and the server's recomputation), or
+        the paper accountant's (cumulative eps, delta_hat) with the rigorous figure (inf) beside it; empty without
+        noise."""
         return dict(self.node_privacy)
 
     def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
-        """Theorem 1's (eps, delta_hat) of the worst node's ledger; None without noise."""
+        """DP-SGD: the worst node's RDP epsilon at the target's delta; the paper's mechanism: Theorem 1's
+        (eps, delta_hat) of the worst node's ledger; None without noise."""
+        if self.target is not None and isinstance(priv.get("eps_dpsgd"), int | float):
+            return float(priv["eps_dpsgd"]), float(self.target.delta)
         if "dpq_eps" in priv and "dpq_delta_hat" in priv:
             return float(priv["dpq_eps"]), float(priv["dpq_delta_hat"])
         return None, None
@@ -412,6 +456,9 @@ class DPQDSGD(SyncRouter):
             rec.epsilon, rec.delta = self.node_privacy["dpq_eps"], self.node_privacy["dpq_delta_hat"]
             rec.extra.update(self.node_privacy)
             rec.extra["dpq_delta_hat_vacuous"] = self.node_privacy["dpq_log_delta_hat"] >= 0.0
+        elif self.node_privacy:
+            rec.epsilon, rec.delta = self.headline_privacy(self.node_privacy)
+            rec.extra.update(self.node_privacy)
         ev = dict(self.node_eval)
         if ev.get("test_accuracy") is not None:
             rec.test_accuracy, rec.test_loss = ev.pop("test_accuracy"), ev.pop("test_loss")
@@ -438,7 +485,10 @@ class DPQDSGD(SyncRouter):
         return rec
 
     def describe(self) -> dict[str, Any]:
-        out = {**super().describe(), "variant": self.variant, "q_step": self.q_step, "horizon": self.horizon,
+        privacy = ("none" if self.target is None and self.paper is None else
+                   f"{self.target}" if self.target is not None else f"{self.paper}")
+        out = {**super().describe(), "privacy": privacy, "variant": self.variant, "q_step": self.q_step,
+               "horizon": self.horizon,
                "sigma_k": f"{self.sigma_scale:g} (k + {self.sigma_offset:g})^{self.sigma_exp:g}",
                "evaluate_average": self.evaluate_average}
         if self.params is not None:

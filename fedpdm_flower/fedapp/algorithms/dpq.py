@@ -660,7 +660,8 @@ def local_gradient(params: DPQParams, node: int, k: int, x: FloatArray, objectiv
 
 
 def node_update(params: DPQParams, node: int, k: int, x: FloatArray, own_msg: Message, self_weight: float,
-                nbr_weights: Sequence[float], nbr_msgs: Sequence[Message], objective: LocalObjective) -> FloatArray:
+                nbr_weights: Sequence[float], nbr_msgs: Sequence[Message], objective: LocalObjective,
+                gradient: Callable[[FloatArray], FloatArray] | None = None) -> FloatArray:
     """Lines 4-5 of iteration k at node i: ``x_{i,k+1} = (1 - beta_hat) x + beta_hat sum_j a_ij z_j - alpha_hat g``.
 
     Parameters
@@ -674,6 +675,9 @@ def node_update(params: DPQParams, node: int, k: int, x: FloatArray, own_msg: Me
         (ascending j in the simulators). Mixed as ``a_ii z_i`` then ``+ a_ij z_j`` in that order.
     objective
         f_i, for g_{i,k} (5) over the minibatch of ``default_rng([seed, 52, node, k])``.
+    gradient
+        Replaces (5): ``g_{i,k} = gradient(x_{i,k})``, e.g. record-level DP-SGD's noisy gradient on a Poisson sample
+        (:class:`fedpdm_flower.fedapp.privacy.dpsgd.DPSGDStep`); None: the minibatch mean of (5).
     """
     if len(nbr_weights) != len(nbr_msgs):
         raise ValueError(f"{len(nbr_weights)} neighbour weights but {len(nbr_msgs)} messages")
@@ -682,7 +686,8 @@ def node_update(params: DPQParams, node: int, k: int, x: FloatArray, own_msg: Me
     mix = float(self_weight) * own
     for w, m in zip(nbr_weights, nbr_msgs, strict=True):
         mix = mix + float(w) * decode_message(params, m)
-    g = local_gradient(params, node, k, state, objective)
+    g = local_gradient(params, node, k, state, objective) if gradient is None else np.asarray(gradient(state),
+                                                                                               dtype=np.float64)
     return _step(params, state, mix, g)
 
 
@@ -693,10 +698,12 @@ def _step(params: DPQParams, x: FloatArray, mix: FloatArray, g: FloatArray) -> F
 
 def node_round(params: DPQParams, node: int, k: int, x: FloatArray, own_msg: Message, self_weight: float,
                nbr_weights: Sequence[float], nbr_msgs: Sequence[Message], objective: LocalObjective, *,
-               send_next: bool = True) -> tuple[FloatArray, Message | None]:
-    """STEP(k) of spec 7.2: :func:`node_update` to x_{i,k+1}, then iteration k + 1's message
-    (:func:`node_message` with sigma_{k+1}); ``send_next=False`` skips the message (after the last iteration)."""
-    x_next = node_update(params, node, k, x, own_msg, self_weight, nbr_weights, nbr_msgs, objective)
+               send_next: bool = True,
+               gradient: Callable[[FloatArray], FloatArray] | None = None) -> tuple[FloatArray, Message | None]:
+    """STEP(k) of spec 7.2: :func:`node_update` to x_{i,k+1} (with ``gradient`` in place of (5) when given), then
+    iteration k + 1's message (:func:`node_message` with sigma_{k+1}); ``send_next=False`` skips the message (after
+    the last iteration)."""
+    x_next = node_update(params, node, k, x, own_msg, self_weight, nbr_weights, nbr_msgs, objective, gradient)
     return x_next, (node_message(params, node, k + 1, x_next) if send_next else None)
 
 

@@ -60,7 +60,7 @@ from fedpdm_flower.fedapp.algorithms import dpq
 from fedpdm_flower.fedapp.apps.common import federation, node_of
 from fedpdm_flower.fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedpdm_flower.fedapp.localdata import ArrayData
-from fedpdm_flower.fedapp.privacy.dpq import DPQSchedule
+from fedpdm_flower.fedapp.privacy.dpq import DPQSchedule, TimeVaryingNoise
 
 if TYPE_CHECKING:
     from fedpdm_flower.clients.dpq import DPQClient
@@ -99,13 +99,21 @@ def dpq_strategy(cfg: RunConfig) -> DPQDSGD:
     """The run's :class:`fedpdm_flower.strategies.dpq.DPQDSGD`: the ``dpq-*`` keys as its keyword arguments."""
     from fedpdm_flower.strategies.dpq import DPQDSGD
 
+    quantized = cfg.dpq_variant in ("dpq", "quant-only")
     return DPQDSGD(
-        variant=cfg.dpq_variant, q_step=cfg.dpq_q_step, horizon=cfg.dpq_horizon or None, a1=cfg.dpq_a1,
-        alpha=cfg.dpq_alpha, a2=cfg.dpq_a2, beta=cfg.dpq_beta, a3=cfg.dpq_a3, gamma=cfg.dpq_gamma,
-        sigma_exp=cfg.dpq_sigma_exp, sigma_offset=cfg.dpq_sigma_offset, sigma_scale=cfg.dpq_sigma_scale,
-        delta_exp=cfg.dpq_delta_exp, dp_C=cfg.dpq_c, evaluate_average=cfg.dpq_eval_average, graph=cfg.graph,
-        **federation(cfg),
+        privacy=dpq_privacy(cfg), q_step=cfg.dpq_q_step if quantized else 0.0, horizon=cfg.dpq_horizon or None,
+        a1=cfg.dpq_a1, alpha=cfg.dpq_alpha, a2=cfg.dpq_a2, beta=cfg.dpq_beta, a3=cfg.dpq_a3, gamma=cfg.dpq_gamma,
+        evaluate_average=cfg.dpq_eval_average, graph=cfg.graph, **federation(cfg),
     )
+
+
+def dpq_privacy(cfg: RunConfig) -> TimeVaryingNoise | None:
+    """The strategy's ``privacy=`` of the configured variant: the paper's time-varying noise (``dpq``, ``dp-only``;
+    the ``dpq-sigma-*``, ``dpq-delta-exp`` and ``dpq-c`` keys) or None (``quant-only``, ``dsgd``)."""
+    if cfg.dpq_variant not in ("dpq", "dp-only"):
+        return None
+    return TimeVaryingNoise(sigma_exp=cfg.dpq_sigma_exp, sigma_offset=cfg.dpq_sigma_offset,
+                            sigma_scale=cfg.dpq_sigma_scale, delta_exp=cfg.dpq_delta_exp, dp_C=cfg.dpq_c)
 
 
 def dpq_client(cfg: RunConfig, context: Context) -> DPQClient:

@@ -71,6 +71,7 @@ __all__ = [
     "DPQLedger",
     "DPQSchedule",
     "Lemma3Warning",
+    "TimeVaryingNoise",
     "c_k",
     "cumulative",
     "delta_k",
@@ -562,6 +563,74 @@ def zcdp_crosscheck(
     safe = np.where(sig > 0.0, sig, 1.0)
     rho = math.fsum((np.where(sig > 0.0, sens / safe, 0.0) ** 2 / 2.0).tolist())
     return rho, rho + 2.0 * math.sqrt(rho * math.log(1.0 / target))
+
+
+# ---------------------------------------------------------------------------------------------------- the mechanism
+@dataclass(frozen=True)
+class TimeVaryingNoise:
+    """DPQ-DSGD's own mechanism, the **reproduction setting**: ``DPQDSGD(privacy=TimeVaryingNoise(...))``.
+
+    Each node adds ``N(0, sigma_k^2 I)``, ``sigma_k = sigma_scale (k + sigma_offset)^sigma_exp``, to its model
+    before quantizing it (Algorithm 1, line 2), and its ledger charges ``eps_k = c_k S_k / sigma_{k+1}`` per release
+    with Lemma 2's sensitivity ``S_k = (alpha_hat C / gamma_hat) sum_{m<=k} (1 - beta_hat)^m`` (the paper accountant:
+    Theorem 1's ``sum_k eps_k``, :class:`DPQLedger`).
+
+    **Its rigorous epsilon is unbounded** (:meth:`rigorous_epsilon`, reported as inf beside the paper's figure):
+    Definition 1 assumes every per-sample gradient difference is at most C, which the paper never enforces (no
+    clipping, spec 9.11), so one record can move the model arbitrarily. Clipping alone would not rescue Lemma 2:
+    S_k bounds the minibatch gradient's change as if only the replaced sample's gradient changed, but from the
+    second update on x_{i,k} itself differs between neighbouring datasets, so *every* sample's gradient does. With
+    every per-sample gradient clipped to C/2 (any two differ by at most C wherever they are evaluated) the bound
+    that holds is ``S_k = alpha_hat C sum_{m<=k} (1 - beta_hat)^m`` -- gamma_hat times Lemma 2's -- and the releases
+    compose to zCDP ``sum_k S_k^2 / (2 sigma_{k+1}^2)`` (:meth:`clipped_epsilon`, replace-one neighbours, no
+    amplification claimed): what the same noise would buy if the gradients were clipped. The rigorous mechanism of
+    DPQ-DSGD is record-level DP-SGD in the gradient (5): ``privacy=PrivacyTarget(...)``.
+
+    Parameters
+    ----------
+    sigma_exp, sigma_offset, sigma_scale
+        The noise schedule (defaults 0.1, 5, 1: the paper's MNIST experiment; offset 1 is the theory's).
+    delta_exp, delta_shift
+        ``delta_k = (k + 1 + delta_shift)^(-delta_exp)`` of Theorem 1 (3 and 0; the paper's delta_0 = 1 makes its
+        delta_hat vacuous, spec 9.8; ``delta_shift=1`` is the non-vacuous variant).
+    dp_C
+        C of Definition 1 (default 0.2, the paper's): an accountant parameter only, as in the paper.
+    """
+
+    sigma_exp: float = 0.1
+    sigma_offset: float = 5.0
+    sigma_scale: float = 1.0
+    delta_exp: float = 3.0
+    delta_shift: int = 0
+    dp_C: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name, value in (("sigma_exp", self.sigma_exp), ("sigma_offset", self.sigma_offset),
+                            ("sigma_scale", self.sigma_scale), ("delta_exp", self.delta_exp), ("dp_C", self.dp_C)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"TimeVaryingNoise {name} must be a finite number, got {value!r}")
+        for name, value in (("sigma_offset", self.sigma_offset), ("sigma_scale", self.sigma_scale),
+                            ("delta_exp", self.delta_exp), ("dp_C", self.dp_C)):
+            if not value > 0:
+                raise ValueError(f"TimeVaryingNoise {name} must be > 0, got {value!r}")
+        if self.delta_shift not in (0, 1) or isinstance(self.delta_shift, bool):
+            raise ValueError(f"TimeVaryingNoise delta_shift must be 0 (the paper) or 1, got {self.delta_shift!r}")
+
+    #: the rigorous epsilon of the paper's (unclipped) configuration, and why (docstring)
+    RIGOROUS_EPSILON = math.inf
+    RIGOROUS_WHY = "unbounded: no per-sample gradient is clipped, so Definition 1's C bounds nothing (spec 9.11)"
+
+    def rigorous_epsilon(self) -> float:
+        """inf: the paper's configuration bounds no record's influence (docstring)."""
+        return self.RIGOROUS_EPSILON
+
+    def clipped_epsilon(self, K_last: int, alpha_hat: float, beta_hat: float, delta: float) -> float:
+        """The zCDP epsilon (Bun-Steinke conversion at ``delta``) of the same noise over the releases after updates
+        0..K_last, were every per-sample gradient clipped to C/2: sensitivity ``alpha_hat C sum_{m<=k}
+        (1 - beta_hat)^m`` (:func:`zcdp_crosscheck` with a batch of 1: the divergent x changes every sample's
+        gradient, docstring)."""
+        return zcdp_crosscheck(K_last, alpha_hat, beta_hat, 1, self.dp_C, self.sigma_exp, self.sigma_offset, delta,
+                               self.sigma_scale)[1]
 
 
 # ---------------------------------------------------------------------------------------------------- run schedule
