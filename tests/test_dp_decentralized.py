@@ -58,11 +58,14 @@ def pid(context: Context) -> int:
 
 
 W0 = ArrayRecord({"w": Array(np.zeros(Q))})
+#: amplification by Poisson sampling (q = 0.2): the accounting tests
 TARGET = PrivacyTarget(epsilon=8.0, sample_rate=0.2, clip_norm=3.0)
+#: every record in every step (q = 1): the RDP of the plain Gaussian is closed-form, so calibrating is instant
+FULL = PrivacyTarget(epsilon=8.0, sample_rate=1.0, clip_norm=3.0)
 
 
 def recal_agent(context: Context, **kw: Any) -> RecalClient:
-    return RecalClient(LocalLeastSquares(*rows(pid(context))), seed=11, **kw)
+    return RecalClient(LocalLeastSquares(*rows(pid(context))), **kw)
 
 
 # ----------------------------------------------------------------------------- the vocabulary, bad input
@@ -142,7 +145,7 @@ def test_recal_baton_carries_no_noise_of_its_own_under_dpsgd() -> None:
     from fedpdm_flower.clients.decentralized import load_state
     from fedpdm_flower.fedapp.algorithms.recal import AgentState
 
-    strategy, contexts = _recal_run(60)
+    strategy, contexts = _recal_run(60, FULL)
     lam = sum(load_state(c.state, "dprecal", AgentState).lam for c in contexts.values())  # type: ignore[union-attr]
     np.testing.assert_allclose(strategy.baton[1], lam, rtol=0, atol=1e-12)
     assert all(r.extra.get("sigma", 0.0) == 0.0 for r in strategy.history)
@@ -150,7 +153,7 @@ def test_recal_baton_carries_no_noise_of_its_own_under_dpsgd() -> None:
 
 def test_recal_learns_at_epsilon_eight() -> None:
     """At epsilon = 8 (RDP, delta = 1e-5) the baton's x is within 10 % of the pooled ridge optimum."""
-    strategy, _ = _recal_run(400)
+    strategy, _ = _recal_run(400, FULL)
     x_star = pooled_optimum(0.01)
     w = strategy.current_arrays()["w"].numpy()
     assert np.linalg.norm(w - x_star) < 0.1 * np.linalg.norm(x_star)
@@ -159,15 +162,31 @@ def test_recal_learns_at_epsilon_eight() -> None:
 def test_a_device_floor_refuses_before_touching_its_data() -> None:
     """An agent whose floor is below what its first step costs refuses the baton (the run stops naming it after the
     retry); a device with a floor also refuses the paper's mechanism (rigorous epsilon unbounded) and no noise."""
-    z = TARGET.mechanism(1, 500)
-    first = dpsgd_epsilon(z.noise_multiplier, z.sample_rate, 1, TARGET.delta)
+    z = FULL.mechanism(1, 12)  # the plan of 40 rounds on a ring of 4: ceil(1.15 * 40 / 4) activations
+    first = dpsgd_epsilon(z.noise_multiplier, z.sample_rate, 1, FULL.delta)
     with pytest.raises(RoundFailed, match=r"refused: 1 DP-SGD step\(s\) .* > its floor max_epsilon"):
-        _recal_run(40, max_epsilon=first / 2)
+        _recal_run(40, FULL, max_epsilon=first / 2)
     for privacy, what in ((Theorem3Calibration(sigma1=1.0), "the paper's noise on u~ only"), (None, "no noise")):
         strategy = DPRECAL(graph="ring", min_available_nodes=N, seed=0, privacy=privacy)
         with pytest.raises(RoundFailed, match=f"refused: the message asks for {what}.*unbounded"):
             run_clients(strategy, lambda c: recal_agent(c, max_epsilon=8.0), num_nodes=N, num_rounds=5,
                         initial_arrays=W0)
+
+
+def test_a_device_floor_below_the_target_stops_the_run_before_round_one() -> None:
+    """Through Flower's message flow (a Grid, whoami): an agent whose device floor (node config) is below the target
+    says so in its whoami reply, and the strategy refuses to start, naming it, before any train message."""
+    from simulations.inprocess import LocalGrid
+
+    def client_fn(context: Context) -> RecalClient:
+        floor = context.node_config.get("max-epsilon")
+        return recal_agent(context, max_epsilon=float(floor) if floor is not None else None)
+
+    grid = LocalGrid(RecalClient.client_app(client_fn), N, node_config={2: {"max-epsilon": 3.0}})
+    strategy = DPRECAL(graph="ring", min_available_nodes=N, seed=0, privacy=FULL)
+    with pytest.raises(ValueError, match=r"agent 2 \(node 3\) accepts at most epsilon = 3 .* PrivacyTarget epsilon = 8"):
+        strategy.start(grid=grid, initial_arrays=W0, num_rounds=10)
+    assert grid.up_bytes > 0 and all("dprecal" not in c.state for c in grid.contexts.values())  # only whoami answered
 
 
 def test_the_device_ledger_file_accumulates_across_runs(tmp_path: Any) -> None:
@@ -178,7 +197,7 @@ def test_the_device_ledger_file_accumulates_across_runs(tmp_path: Any) -> None:
         return recal_agent(context, ledger_path=path if pid(context) == 0 else None)
 
     for _ in range(2):
-        strategy = DPRECAL(graph="ring", min_available_nodes=N, seed=0, nu1=0.0, nu2=0.01, privacy=TARGET,
+        strategy = DPRECAL(graph="ring", min_available_nodes=N, seed=0, nu1=0.0, nu2=0.01, privacy=FULL,
                            walk_start=0, walk="cyclic")
         run_clients(strategy, client_fn, num_nodes=N, num_rounds=8, initial_arrays=W0)
     assert DPSGDLedger.load(path).steps == 4  # a cyclic walk from agent 0 on a ring of 4: 2 activations a run
@@ -195,8 +214,8 @@ def test_sync_baselines_publish_their_exact_state_and_charge_every_gradient(cls:
     from fedpdm_flower.clients.decentralized import load_state
     from fedpdm_flower.fedapp.algorithms.recal_baselines import NidsState, PGExtraState
 
-    strategy = cls(graph="ring", min_available_nodes=N, seed=0, nu1=0.0, nu2=0.01, privacy=TARGET)
-    _, contexts = run_clients(strategy, lambda c: client(LocalLeastSquares(*rows(pid(c))), seed=3), num_nodes=N,
+    strategy = cls(graph="ring", min_available_nodes=N, seed=0, nu1=0.0, nu2=0.01, privacy=FULL)
+    _, contexts = run_clients(strategy, lambda c: client(LocalLeastSquares(*rows(pid(c)))), num_nodes=N,
                               num_rounds=rounds, initial_arrays=W0)
     for i, ctx in contexts.items():
         ledger = DPSGDLedger.from_record(dict(ctx.state.config_records["dpsgd"]))
@@ -211,8 +230,8 @@ def test_sync_baselines_publish_their_exact_state_and_charge_every_gradient(cls:
 
 
 def test_rw_admm_charges_one_step_per_activation() -> None:
-    strategy = DPRWAdmm(graph="ring", min_available_nodes=N, seed=0, nu1=0.0, nu2=0.01, privacy=TARGET)
-    _, contexts = run_clients(strategy, lambda c: RWAdmmClient(LocalLeastSquares(*rows(pid(c))), seed=3),
+    strategy = DPRWAdmm(graph="ring", min_available_nodes=N, seed=0, nu1=0.0, nu2=0.01, privacy=FULL)
+    _, contexts = run_clients(strategy, lambda c: RWAdmmClient(LocalLeastSquares(*rows(pid(c)))),
                               num_nodes=N, num_rounds=20, initial_arrays=W0)
     for i, ctx in contexts.items():
         rec = ctx.state.config_records.get("dpsgd")
@@ -241,12 +260,12 @@ def test_least_squares_records_give_the_clipped_sum_of_their_per_record_gradient
 
 
 # ----------------------------------------------------------------------------- DPQ-DSGD under DP-SGD
-def _dpq_run(rounds: int, q_step: float, **kw: Any) -> tuple[Any, dict[int, Context]]:
+def _dpq_run(rounds: int, q_step: float, target: PrivacyTarget = FULL, **kw: Any) -> tuple[Any, dict[int, Context]]:
     from fedpdm_flower.clients.dpq import DPQClient
     from fedpdm_flower.strategies.dpq import DPQDSGD
 
     strategy = DPQDSGD(min_available_nodes=N, horizon=rounds - 2, q_step=q_step, a1=1.0, a2=3.0, seed=0,
-                       privacy=TARGET, evaluate_average=True, eval_every=rounds)
+                       privacy=target, evaluate_average=True, eval_every=rounds)
     return run_clients(strategy, lambda c: DPQClient(LeastSquares(Q), rows(pid(c)), seed=5, **kw), num_nodes=N,
                        num_rounds=rounds, initial_arrays=W0)
 
@@ -268,7 +287,7 @@ def test_dpq_nodes_charge_one_step_per_update_and_publish_their_exact_state() ->
     from fedpdm_flower.clients.dpq import STATE
 
     rounds = 12
-    strategy, contexts = _dpq_run(rounds, q_step=0.0)
+    strategy, contexts = _dpq_run(rounds, q_step=0.0, target=TARGET)
     mech = strategy.dpsgd
     assert mech is not None
     for i, ctx in contexts.items():

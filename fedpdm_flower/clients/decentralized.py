@@ -38,10 +38,7 @@ NEIGHBOURS, WEIGHTS, SELF_WEIGHT, MSG_ROUND, AGENT_KEY = "neighbours", "weights"
 
 T = TypeVar("T")
 
-#: stream tag of a seeded device's DP-SGD randomness: ``default_rng([seed, STREAM_DPSGD, agent, message])``
-STREAM_DPSGD = 60
-
-__all__ = ["STREAM_DPSGD", "AgentClient", "PrivateSteps", "SyncAgentClient", "drop_state", "load_state", "save_state"]
+__all__ = ["AgentClient", "PrivateSteps", "SyncAgentClient", "drop_state", "load_state", "save_state"]
 
 
 def save_state(state: RecordDict, key: str, obj: Any) -> None:
@@ -111,9 +108,10 @@ class AgentClient(FedClient):
     ----------
     model, data, loss_fn, context, seed
         As :class:`fedpdm_flower.clients.base.FedClient` (``model`` may be None for an agent whose algorithm brings its own
-        local problem). With ``seed`` the device's DP-SGD samples and noise are reproducible
-        (``default_rng([seed, STREAM_DPSGD, agent, message])``): for tests and reproductions only -- whoever knows
-        the seed can recompute the sample and subtract the noise. None (default): the operating system's entropy.
+        local problem). The seed drives the algorithm's own streams (a paper's noise, quantizer, minibatches), never
+        DP-SGD's: its Poisson samples and noise always come from the operating system's entropy
+        (:func:`fedpdm_flower.fedapp.privacy.dpsgd.device_rng`), since whoever knows a seed (the reproduction app's
+        is the server's) could recompute the sample and subtract the noise.
     max_epsilon
         The device owner's privacy floor: the most epsilon (RDP accountant of record-level DP-SGD, at the
         message's delta) this device spends over everything it ever releases. A message that would pass it, or that
@@ -153,7 +151,7 @@ class AgentClient(FedClient):
             raise ValueError(f"the server addressed agent {cfg.integer(AGENT_KEY)}, this node is agent {me}")
 
     # ------------------------------------------------------------------ record-level DP-SGD
-    def private_gradients(self, config: dict[str, Any], model: Any, data: Any, message: int,
+    def private_gradients(self, config: dict[str, Any], model: Any, data: Any,
                           what: str = "no record-level DP-SGD") -> PrivateSteps | None:
         """The DP-SGD oracle this message asks for, admitted against the device's floor; None when it asks for none.
 
@@ -163,8 +161,6 @@ class AgentClient(FedClient):
             The message config (untrusted: :func:`fedpdm_flower.clients.dpsgd.mechanism_of` checks every key).
         model, data
             The agent's per-record gradients (``clipped_grad_sum`` / ``per_sample_grads``) and its records.
-        message
-            The index of this message among the agent's (its publication count): the seeded stream's counter.
         what
             How a message without DP-SGD is described in a refusal (e.g. "the paper's noise on u~ only").
 
@@ -182,10 +178,16 @@ class AgentClient(FedClient):
             return None
         mech, delta = asked
         ledger = self.account.admit(self.node_context, mech, delta)
-        rng = (device_rng() if self.seed is None
-               else np.random.default_rng([int(self.seed), STREAM_DPSGD, self.agent_id, int(message)]))
-        step = DPSGDStep(model, data, mech, rng)
+        step = DPSGDStep(model, data, mech, device_rng())
         return PrivateSteps(step, mech, delta, ledger, self.account, self.node_context)
+
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`FedClient.get_properties`, plus the device's privacy floor ``dp-max-epsilon`` when it has one: the
+        strategy refuses to start a run whose target the device would refuse (before round 1)."""
+        props = super().get_properties(config)
+        if self.account.max_epsilon is not None:
+            props["dp-max-epsilon"] = float(self.account.max_epsilon)
+        return props
 
 
 class SyncAgentClient(AgentClient):

@@ -261,7 +261,7 @@ class DPQClient(SyncAgentClient):
             if STATE in self.state.array_records:
                 raise ValueError(f"node {i} is already initialised (bootstrap round twice?)")
             if mechanism_of(config) is None:  # a device with a floor refuses the run before it starts
-                self.private_gradients(config, None, None, 0, "the paper's noise on the messages only (no clipping)"
+                self.private_gradients(config, None, None, "the paper's noise on the messages only (no clipping)"
                                        if p.noise else "no noise")
             x = self.initial_state(parameters)
             m = dpq.node_message(p, i, 0, x)  # z_{i,0}: data-independent, costs no privacy
@@ -273,7 +273,7 @@ class DPQClient(SyncAgentClient):
             w_self, w_nbrs = self.mixing_row(cfg)
             x, own, t, ledger = self.load(k, cfg)
             received = [self.decode_neighbour(p, j, inbox[j][0]) for j in w_nbrs]
-            private = self.private_gradients(config, self.objective.model, self.objective.data, k,
+            private = self.private_gradients(config, self.objective.model, self.objective.data,
                                              "the paper's noise on the messages only (no clipping)" if p.noise
                                              else "no noise")  # the floor is checked before the data is touched
             if ledger is not None:

@@ -235,15 +235,15 @@ class LocalProblemAgent(AgentClient):
                          "gradient of f_i as a whole: pass a model (torch nn.Module, or a numpy model with "
                          "per_sample_grads) together with its data, or an objective with records()")
 
-    def gradient_oracle(self, config: dict[str, Any], message: int,
+    def gradient_oracle(self, config: dict[str, Any],
                         what: str) -> tuple[Callable[[FloatArray], FloatArray], PrivateSteps | None]:
         """The gradient this message's step uses: DP-SGD's noisy one when the message asks for it (admitted against
         the floor first), else the exact grad f_i (refused by a device with a floor)."""
         if mechanism_of(config) is None:
-            self.private_gradients(config, None, None, message, what)  # refuses if the device has a floor
+            self.private_gradients(config, None, None, what)  # refuses if the device has a floor
             return self.objective.grad, None
         model, data = self.dpsgd_parts()
-        steps = self.private_gradients(config, model, data, message, what)
+        steps = self.private_gradients(config, model, data, what)
         assert steps is not None
         return steps.step, steps
 
@@ -294,8 +294,8 @@ class RecalClient(LocalProblemAgent):
         rc = RecalConfig(n=cfg.integer("n", lo=1), nu1=cfg.number("nu1", lo=0.0), nu2=cfg.number("nu2", lo=0.0),
                          sigma1=cfg.number("sigma1", lo=0.0), R=cfg.number("R", lo=1.0), mode=mode,
                          noise_seed=self.noise_seed(), beta=cfg.number("beta", lo=0.0, hi=0.5, lo_open=True))
-        grad, private = self.gradient_oracle(config, state.tau + 1, "the paper's noise on u~ only (x in the clear)"
-                                             if rc.sigma1 > 0 else "no noise")
+        grad, private = self.gradient_oracle(config, "the paper's noise on u~ only (x in the clear)" if rc.sigma1 > 0
+                                             else "no noise")
         res = dprecal_step(Baton(x=x, ut=ut, u=u[0] if u else None), state, grad, alpha, rc, self.agent_id)
         dp_metrics = private.charge() if private is not None else {}  # the data was used: charged whatever follows
         out = [res.baton.x, res.baton.ut] + ([res.baton.u] if res.baton.u is not None else [])

@@ -89,11 +89,11 @@ class _BaselineAgent(LocalProblemAgent):
         """``prox_{step r}`` of the elastic net with the message's nu1, nu2."""
         return elastic_net_prox(step, cfg.number("nu1", lo=0.0), cfg.number("nu2", lo=0.0))
 
-    def gradients(self, config: dict[str, Any], message: int, noise: NoiseConfig) -> tuple[Any, PrivateSteps | None]:
+    def gradients(self, config: dict[str, Any], noise: NoiseConfig) -> tuple[Any, PrivateSteps | None]:
         """grad f_i for this message: DP-SGD's noisy one when the message asks for it (admitted against the device's
         floor), else the exact one (refused by a device with a floor)."""
         what = "the paper's noise on the published vector only" if noise.sigma1 > 0 else "no noise"
-        return self.gradient_oracle(config, message, what)
+        return self.gradient_oracle(config, what)
 
     def metrics(self, t: int, noise: NoiseConfig, model: FloatArray, private: PrivateSteps | None) -> dict[str, Any]:
         """The reply's metrics: publication count t, its sigma_t, and the local loss (outside any DP claim, so not
@@ -144,7 +144,7 @@ class PGExtraClient(_SyncAgent):
         noise, prox = self.noise(cfg), self.prox(alpha, cfg)
         state: PGExtraState | None = self.state_at(k, PGExtraState)
         w_row = self.mixing_row(cfg) if state is not None else None  # checked before the data is touched
-        grad, private = self.gradients(config, k, noise)
+        grad, private = self.gradients(config, noise)
         if state is None:
             state = pg_extra_init(self.x0(), grad, alpha, prox)
         else:
@@ -168,7 +168,7 @@ class NidsClient(_SyncAgent):
         noise, prox = self.noise(cfg), self.prox(alpha, cfg)
         state: NidsState | None = self.state_at(k, NidsState)
         w_row = self.mixing_row(cfg) if state is not None else None  # checked before the data is touched
-        grad, private = self.gradients(config, k, noise)
+        grad, private = self.gradients(config, noise)
         if state is None:  # round 1: grad f_i(x^0) here and grad f_i(x^1) in nids_publish (two DP-SGD steps)
             state = nids_init(self.x0(), grad, alpha, prox)
         else:
@@ -203,7 +203,7 @@ class RWAdmmClient(_BaselineAgent):
             raise ValueError(f"agent {self.agent_id} was not registered (no y_i, z_i in its state)")
         prox = self.prox(1.0 / beta, cfg)  # prox_{r/beta}, as simulate_rw_admm
         n = cfg.integer("n", lo=1)
-        grad, private = self.gradients(config, state.t + 1, noise)
+        grad, private = self.gradients(config, noise)
         state, clean, _ = rw_admm_step(token, state, grad, beta, n, prox)
         state, published = rw_admm_publish(clean, state, self.agent_id, noise)
         save_state(self.state, self.state_key, state)

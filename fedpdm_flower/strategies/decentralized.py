@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 
 from fedpdm_flower.fedapp import topology
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
+from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
 from fedpdm_flower.strategies.base import FederatedStrategy, FederationError, Scalar
 
 #: config key with the JSON list of the agent's graph neighbours, whose messages (from round 2) are carried in order
@@ -96,6 +97,21 @@ class GraphRouting(FederatedStrategy):
 
     def on_graph(self) -> None:
         """Allocate per-agent server state once the graph and n are known."""
+
+    #: the record-level DP-SGD target of the run (set by a DP strategy's ``privacy=``), None otherwise
+    target: PrivacyTarget | None = None
+
+    def check_nodes(self, infos: Mapping[int, Mapping[str, Any]]) -> None:
+        """Refuse, before round 1, a DP-SGD target above the floor an agent reported in its whoami reply
+        (``dp-max-epsilon``): that agent would refuse its messages once its spend passes the floor."""
+        if self.target is None:
+            return
+        for cid, info in sorted(infos.items()):
+            floor = info.get("dp-max-epsilon")
+            if isinstance(floor, int | float) and not isinstance(floor, bool) and floor < self.target.epsilon:
+                raise ValueError(f"agent {cid} (node {self.node_of.get(cid)}) accepts at most epsilon = {floor:g} (its "
+                                 f"max_epsilon), but PrivacyTarget epsilon = {self.target.epsilon:g} would take it "
+                                 "there: lower the target's epsilon or its horizon, or leave that device out")
 
     def neighbours(self, agent: int) -> list[int]:
         """Agent i's graph neighbours, ascending."""
