@@ -61,6 +61,7 @@ from fedpdm_flower.fedapp.apps.common import federation, node_of
 from fedpdm_flower.fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedpdm_flower.fedapp.localdata import ArrayData
 from fedpdm_flower.fedapp.privacy.dpq import DPQSchedule, TimeVaryingNoise
+from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
 
 if TYPE_CHECKING:
     from fedpdm_flower.clients.dpq import DPQClient
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
     from fedpdm_flower.strategies.dpq import DPQDSGD
 
 #: buffer-free torch networks on 28x28 grey images (x is exactly the trainable weights)
-DPQ_MODELS = ("lenet5-valid", "lenet5", "cnn")
+DPQ_MODELS = ("lenet5-valid", "lenet5", "cnn", "tiny-cnn")
 DPQ_DATASETS = ("mnist", "fashion-mnist")
 
 __all__ = [
@@ -107,11 +108,20 @@ def dpq_strategy(cfg: RunConfig) -> DPQDSGD:
     )
 
 
-def dpq_privacy(cfg: RunConfig) -> TimeVaryingNoise | None:
-    """The strategy's ``privacy=`` of the configured variant: the paper's time-varying noise (``dpq``, ``dp-only``;
-    the ``dpq-sigma-*``, ``dpq-delta-exp`` and ``dpq-c`` keys) or None (``quant-only``, ``dsgd``)."""
-    if cfg.dpq_variant not in ("dpq", "dp-only"):
+def dpq_privacy(cfg: RunConfig) -> PrivacyTarget | TimeVaryingNoise | None:
+    """The strategy's ``privacy=`` of the configured variant. The private variants (``dpq``, ``dp-only``) take
+    record-level DP-SGD with ``dp-calibration = dpsgd`` (``epsilon-total``, ``delta``, ``clip-norm``,
+    ``dp-sample-rate``, ``privacy-horizon``: the keys every family shares) and otherwise the paper's time-varying
+    noise (the ``dpq-sigma-*``, ``dpq-delta-exp`` and ``dpq-c`` keys); ``dp = false`` and the noise-free variants
+    (``quant-only``, ``dsgd``) have none."""
+    if not cfg.dp or cfg.dpq_variant not in ("dpq", "dp-only"):
         return None
+    if cfg.dp_calibration == "dpsgd":
+        from fedpdm_flower.fedapp.apps.common import calibration
+
+        target = calibration(cfg)
+        assert isinstance(target, PrivacyTarget)
+        return target
     return TimeVaryingNoise(sigma_exp=cfg.dpq_sigma_exp, sigma_offset=cfg.dpq_sigma_offset,
                             sigma_scale=cfg.dpq_sigma_scale, delta_exp=cfg.dpq_delta_exp, dp_C=cfg.dpq_c)
 
@@ -191,7 +201,12 @@ def validate_config(cfg: RunConfig) -> None:
     if not cfg.dpq_a2 < math.pow(K, cfg.dpq_beta):
         raise ConfigError(f"run config key 'dpq-a2' ({cfg.dpq_a2}) must be < K^beta = {math.pow(K, cfg.dpq_beta):.6g} "
                           f"(beta_hat = a2 / K^beta < 1, Theorem 1; K = {K})")
-    if cfg.dpq_variant in ("dpq", "dp-only"):
+    if cfg.dp and cfg.dpq_variant in ("dpq", "dp-only") and cfg.dp_calibration == "eq36":
+        raise ConfigError("run config key 'dp-calibration' = 'eq36' is DP-FedPDM's formula; dpq-dsgd takes 'dpsgd' "
+                          "(record-level DP-SGD in the gradient) or its own time-varying noise (any other value)")
+    if cfg.dp and cfg.dpq_variant in ("dpq", "dp-only") and cfg.dp_calibration == "dpsgd":
+        _check_dpsgd_target(cfg)
+    elif isinstance(dpq_privacy(cfg), TimeVaryingNoise):
         for k in (0, K + 1):  # sigma_k is monotone in k: the ends bound it
             sig = dpq.sigma_k(k, cfg.dpq_sigma_exp, scale=cfg.dpq_sigma_scale, offset=cfg.dpq_sigma_offset)
             if not (math.isfinite(sig) and sig > 0):
@@ -211,6 +226,22 @@ def validate_config(cfg: RunConfig) -> None:
         params(cfg)
     except ValueError as err:
         raise ConfigError(f"run config keys 'dpq-*' are inconsistent: {err}") from None
+
+
+def _check_dpsgd_target(cfg: RunConfig) -> None:
+    """DP-SGD: the target must be reachable over the run's updates (num-server-rounds - 1, or privacy-horizon)."""
+    from fedpdm_flower.fedapp.apps.common import calibration
+
+    target = calibration(cfg)
+    assert isinstance(target, PrivacyTarget)
+    updates = cfg.num_server_rounds - 1
+    if cfg.privacy_horizon and cfg.privacy_horizon < updates:
+        raise ConfigError(f"run config key 'privacy-horizon' ({cfg.privacy_horizon}) covers fewer DP-SGD steps than the "
+                          f"{updates} updates of num-server-rounds = {cfg.num_server_rounds}")
+    try:
+        target.mechanism(1, updates, owner="dpq-dsgd")
+    except ValueError as err:
+        raise ConfigError(f"run config key 'epsilon-total' ({cfg.epsilon_total:g}): {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------- data and model

@@ -34,6 +34,7 @@ from fedpdm_flower.fedapp.apps.common import federation, node_of
 from fedpdm_flower.fedapp.config import ConfigError, RunConfig
 from fedpdm_flower.fedapp.layout import ArrayLayout
 from fedpdm_flower.fedapp.privacy import zcdp
+from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
 from fedpdm_flower.fedapp.privacy.zcdp import Theorem3Calibration
 from fedpdm_flower.fedapp.sampling import rng_for
 
@@ -169,10 +170,20 @@ def evaluate_fn(cfg: RunConfig) -> Callable[[int, ArrayRecord], MetricRecord]:
 
 
 # ---------------------------------------------------------------------------------------------- builders
-def recal_privacy(cfg: RunConfig) -> Theorem3Calibration | None:
-    """The strategies' ``privacy=`` from the run config: the paper's mechanism (the reproduction setting) --
-    ``recal-epsilon`` > 0 calibrates sigma_1 to it (Theorem 3, ``recal-delta``, ``recal-r``), else ``recal-sigma1`` > 0
-    is used as given -- or None (both 0: the non-private algorithm)."""
+def recal_privacy(cfg: RunConfig) -> PrivacyTarget | Theorem3Calibration | None:
+    """The strategies' ``privacy=`` from the run config: record-level DP-SGD with ``dp-calibration = dpsgd``
+    (``epsilon-total``, ``delta``, ``clip-norm``, ``dp-sample-rate`` -- 0: batch-size over the records of one agent
+    --, ``privacy-horizon``: the keys every family shares); otherwise the paper's mechanism (the reproduction
+    setting) -- ``recal-epsilon`` > 0 calibrates sigma_1 to it (Theorem 3, ``recal-delta``, ``recal-r``), else
+    ``recal-sigma1`` > 0 is used as given -- or None (both 0, or ``dp = false``: the non-private algorithm)."""
+    if not cfg.dp:
+        return None
+    if cfg.dp_calibration == "dpsgd":
+        from fedpdm_flower.fedapp.apps.common import calibration
+
+        target = calibration(cfg)
+        assert isinstance(target, PrivacyTarget)
+        return target
     if cfg.recal_epsilon > 0:
         return Theorem3Calibration(epsilon=cfg.recal_epsilon, delta=cfg.recal_delta, R=cfg.recal_r)
     if cfg.recal_sigma1 > 0:
@@ -256,12 +267,30 @@ def validate_config(cfg: RunConfig) -> None:
         raise ConfigError(f"run config key 'walk-start' is {start!r}; use 'stationary', 'uniform' or 'fixed:<id>' with "
                           f"id < num-clients ({cfg.num_clients})")
     # recal-epsilon = 0 with recal-sigma1 = 0 is RECAL without noise (allowed, not private)
+    if cfg.dp and cfg.dp_calibration == "eq36":
+        raise ConfigError("run config key 'dp-calibration' = 'eq36' is DP-FedPDM's formula; the DP-RECAL family takes "
+                          "'dpsgd' (record-level DP-SGD in the agents' gradient steps) or its own Theorem-3 noise "
+                          "(recal-epsilon / recal-sigma1, any other value)")
+    if cfg.dp and cfg.dp_calibration == "dpsgd":
+        from fedpdm_flower.fedapp.apps.common import calibration
+
+        target = calibration(cfg)
+        assert isinstance(target, PrivacyTarget)
+        graph = topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
+        if cfg.algorithm in ("dp-recal", "dp-rw-admm"):
+            steps = cfg.privacy_horizon or topology.plan_xi(cfg.num_server_rounds, graph, cfg.walk, rule=cfg.xi_plan)
+        else:  # the synchronous baselines: one step per round (NIDS's first round two)
+            steps = cfg.num_server_rounds + (1 if cfg.algorithm == "dp-nids" else 0)
+        try:
+            target.mechanism(1, steps, owner=cfg.algorithm)
+        except ValueError as err:
+            raise ConfigError(f"run config key 'epsilon-total' ({cfg.epsilon_total:g}): {err}") from None
 
 
 def _validate_baseline(cfg: RunConfig, algorithm: str, xi: Callable[[topology.Graph], int]) -> None:
-    validate_config(cfg)  # dataset, data-source, num-clients >= 2, graph, walk-start
-    if cfg.recal_epsilon <= 0:
-        return  # sigma_1 = recal-sigma1 as given (0: the non-private algorithm)
+    validate_config(cfg)  # dataset, data-source, num-clients >= 2, graph, walk-start, DP-SGD target
+    if not isinstance(recal_privacy(cfg), Theorem3Calibration) or cfg.recal_epsilon <= 0:
+        return  # DP-SGD (checked), sigma_1 = recal-sigma1 as given, or the non-private algorithm
     graph = topology.parse_graph(cfg.graph, cfg.num_clients, cfg.seed)
     delta_s = data_free_sensitivity(algorithm, graph, cfg.alpha_scale, cfg.rw_beta_scale)
     try:
