@@ -299,7 +299,9 @@ class RecalClient(LocalProblemAgent):
         res = dprecal_step(Baton(x=x, ut=ut, u=u[0] if u else None), state, grad, alpha, rc, self.agent_id)
         dp_metrics = private.charge() if private is not None else {}  # the data was used: charged whatever follows
         out = [res.baton.x, res.baton.ut] + ([res.baton.u] if res.baton.u is not None else [])
-        loss = float(self.objective.value(res.state.y))
+        # f_i(y_i) on all the agent's data: a diagnostic outside any DP guarantee, so neither computed nor sent
+        # under DP-SGD (where it would also cost a pass over the data per activation)
+        loss = float(self.objective.value(res.state.y)) if private is None else 0.0
         if not (math.isfinite(loss) and all(np.all(np.isfinite(a)) for a in out)):
             # Checked before the state is saved, so the server's retry finds the agent as it was.
             cause = ("without noise" if res.sigma <= 0
@@ -311,6 +313,6 @@ class RecalClient(LocalProblemAgent):
         self.state[LEDGER] = ConfigRecord(ledger.to_record())  # type: ignore[arg-type]
         metrics = {"t": res.state.tau, "sigma": res.sigma, "rho_step": rho, "rho_total": ledger.rho,
                    **dp_metrics}
-        if private is None:  # f_i(y_i) on all the agent's data is outside any DP guarantee: not sent under DP-SGD
+        if private is None:
             metrics["local_loss"] = loss
         return out, self.m, metrics
