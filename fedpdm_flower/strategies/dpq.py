@@ -19,10 +19,18 @@ Round schedule (spec 7.2; K = ``horizon``, default ``num_rounds - 2``)
 
 What the nodes receive (the strategy is the single source of truth; keys of :data:`RUN_KEYS`)
     Every train message carries the run constants -- alpha_hat, beta_hat, the batch size gamma_hat, the quantizer
-    step Delta (0: float messages), whether to add noise and the noise schedule sigma_k, C and delta_k for the
-    node's ledger, the self term, the horizon K -- plus the update index k, the routing and mixing row of
-    :class:`~fedpdm_flower.strategies.decentralized.SyncRouter`, and whether the round is evaluated. The nodes read nothing from
-    the run config, and refuse a message whose run constants differ from the bootstrap's.
+    step Delta (0: float messages), whether to add the paper's noise and its schedule sigma_k, C and delta_k for the
+    node's paper ledger, the self term, the horizon K -- plus the update index k, the routing and mixing row of
+    :class:`~fedpdm_flower.strategies.decentralized.SyncRouter`, whether the round is evaluated, and under
+    record-level DP-SGD the mechanism (z, q, C, one step; :meth:`PrivacyTarget.message_config`). The nodes read
+    nothing from the run config, and refuse a message whose run constants differ from the bootstrap's.
+
+Privacy (``privacy=``, required; docs/private-learning-decentralized.md)
+    ``PrivacyTarget``: the gradient (5) of every update is one DP-SGD step on a Poisson sample of the node's records
+    (from its own entropy), the messages are quantized but not noised (post-processing), and every node's ledger
+    composes its steps under RDP; the guarantee covers the server, the neighbours and any eavesdropper.
+    ``TimeVaryingNoise``: the paper's noise on the messages, the reproduction setting (the paper accountant's figure,
+    rigorous epsilon inf). ``None``: no noise.
 
 What the server sees and checks (spec 1.5, 7.7)
     Only the messages: bit-packed integer levels (:func:`fedpdm_flower.fedapp.compression.quantize.encode_levels`, one uint8 array)
@@ -38,15 +46,20 @@ Per-round record (``history``, results.json)
       ``downlink_bits`` (sum_i sum_{j in N_i} bits_j of the forwarded messages), ``message_wire_bytes`` (the payload
       array itself, 13 + ceil(d b / 8)); ``eval_upload_bytes``: the part of ``uplink_bytes`` that is the
       evaluation-only x_i of ``evaluate_average`` (array bytes), not the algorithm's traffic.
-    * privacy (the paper accountant, :class:`fedpdm_flower.fedapp.privacy.dpq.DPQLedger`, each node's own in its ``context.state``;
-      the worst node): ``epsilon`` = cumulative sum eps_k over the recorded updates, ``delta`` = delta_hat (null in
-      JSON when it overflows; ``dpq_log_delta_hat`` keeps it), ``dpq_delta_hat_vacuous`` (delta_hat >= 1, always true
-      for the paper's delta_0 = 1, spec 9.8), ``dpq_eps_k_max``. No noise (quant-only, dsgd): no privacy, epsilon null.
+    * privacy (the worst node): under DP-SGD ``epsilon`` = its ledger's RDP epsilon (``eps_dpsgd``; the server's
+      recomputation from (z, q, steps) in ``eps_dpsgd_server``) at the target's delta. With the paper's noise the
+      paper accountant (:class:`fedpdm_flower.fedapp.privacy.dpq.DPQLedger`, each node's own in its ``context.state``):
+      ``epsilon`` = cumulative sum eps_k over the recorded updates, ``delta`` = delta_hat (null in JSON when it
+      overflows; ``dpq_log_delta_hat`` keeps it), ``dpq_delta_hat_vacuous`` (delta_hat >= 1, always true for the
+      paper's delta_0 = 1, spec 9.8), ``dpq_eps_k_max``, and ``eps_rigorous`` = inf beside them. No noise: epsilon
+      null.
     * evaluation (every ``eval_every`` rounds and the last): each node evaluates its own x_i on its test data and
-      its own samples and reports the numbers as metrics (outside the DP guarantee, like the loss; spec 7.4).
+      its own samples and reports the numbers as metrics (outside the DP guarantee, like the loss; spec 7.4; under
+      DP-SGD only the held-out test figures, never figures on its own records).
       ``test_accuracy`` / ``test_loss`` = the mean over nodes (spec 9.17), with ``node_test_acc_min`` / ``_max`` /
       ``node0_test_acc`` and ``node_train_acc_mean``. With ``evaluate_average`` the nodes also upload x_i in those
-      rounds (evaluation only, not private, and only from devices that allow it) and ``evaluate_fn`` is called on the
+      rounds (without DP-SGD: evaluation only, not private, and only from devices that allow it; under DP-SGD:
+      post-processing, inside the guarantee) and ``evaluate_fn`` is called on the
       node-average model: ``avg_model_test_accuracy`` / ``avg_model_test_loss`` (and ``test_accuracy`` when the
       nodes report none of their own).
 
