@@ -13,7 +13,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from dp_seeds.algorithms import pick
+from dp_seeds.algorithms import CLIENTS, pick
 from dp_seeds.task import Net, load_partition
 
 torch.set_num_threads(1)
@@ -29,7 +29,8 @@ def _client_app(context: Context) -> Any:
             rc, nc = ctx.run_config, ctx.node_config
             loader = load_partition(int(nc["partition-id"]), int(nc["num-partitions"]), int(rc["samples-per-node"]),
                                     int(rc["batch-size"]))
-            return cls(Net(), loader, loss_fn=nn.CrossEntropyLoss())
+            make = CLIENTS.get(str(rc["algorithm"]))
+            return make(loader) if make is not None else cls(Net(), loader, loss_fn=nn.CrossEntropyLoss())
 
         _APPS[cls.__name__] = cls.client_app(client_fn)
     return _APPS[cls.__name__]
@@ -51,4 +52,10 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query("whoami")
 def whoami(msg: Message, context: Context) -> Message:
     """The strategy asks each node its partition id (and a DP client's floor) before round 1."""
+    return _client_app(context)(msg, context)  # type: ignore[no-any-return]
+
+
+@app.query("register")
+def register(msg: Message, context: Context) -> Message:
+    """DP-RECAL's registration before iteration 1: each agent's start x^1 and its L_i."""
     return _client_app(context)(msg, context)  # type: ignore[no-any-return]

@@ -9,8 +9,8 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from dp_seeds.algorithms import pick
-from dp_seeds.task import Net, evaluate, load_test
+from dp_seeds.algorithms import model, pick
+from dp_seeds.task import evaluate, load_test
 
 app = ServerApp()
 
@@ -18,7 +18,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    net, test = Net(), load_test()
+    net, test = model(rc), load_test()
 
     def central_eval(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         net.load_state_dict(arrays.to_torch_state_dict())

