@@ -64,7 +64,7 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     # a round), DP-SGD at q = 128 / 2,000, C = 30: measured 0.6645 through flwr run (epsilon 7.80), 0.656, 0.669,
     # 0.659 in process (LocalGrid)
     "dp_seeds[dp-recal]": ("dp_seeds", {"algorithm": "dp-recal", "num-server-rounds": 60}, 3, "accuracy", 0.3),
-    # DPQ-DSGD, the user's CNN, 12 rounds (10 DP-SGD steps a node), quantized messages: measured 0.686, 0.497, 0.552
+    # DPQ-DSGD, the user's CNN, 12 rounds (11 DP-SGD steps a node), quantized messages: measured 0.686, 0.497, 0.552
     # in process (LocalGrid; 0.453-0.611 over 3 runs of 10 rounds)
     "dp_seeds[dpq-dsgd]": ("dp_seeds", {"algorithm": "dpq-dsgd", "num-server-rounds": 12}, 3, "accuracy", 0.3),
     "wrapped[secure,robust]": ("wrapped_fedavg", {"wrappers": "secure,robust", "byzantine": "0", "min-nodes": 9}, 9,
