@@ -28,6 +28,14 @@ Metrics (scalars outside the DP guarantee, spec 7.4): ``t``, ``k``, the minibatc
 ``test_accuracy`` / ``test_loss`` (with ``test_data``) and ``train_accuracy``. When the server asks for it and the
 device allows it (``share_model``), an evaluation round's reply also carries x_{i,k+1} (float64) for the server's
 node-average model -- evaluation only, not private.
+
+**Record-level DP-SGD** (the strategy's ``PrivacyTarget``): the gradient (5) of every update is one DP-SGD step
+on a Poisson sample of the node's records (:meth:`fedpdm_flower.clients.decentralized.AgentClient.private_gradients`:
+admitted against the device's floor ``max_epsilon`` before the data is touched, drawn from the device's entropy,
+charged to its ledger in ``context.state`` and ``ledger_path``); no paper noise is added to the message. The reply
+then carries the ledger's ``eps_dpsgd`` (RDP), z, q and the steps, and nothing computed on the node's own records
+(no ``train_loss``, no ``train_accuracy``); x_{i,k+1} for the node-average model is post-processing and is uploaded
+when asked, without ``share_model``. A device with a floor refuses a run without DP-SGD from its bootstrap round on.
 """
 
 from __future__ import annotations
