@@ -62,6 +62,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +92,12 @@ DPQ_PLAIN: dict[str, Any] = {"dpq-a1": 1.85, "dpq-a3": 4.43, "dpq-q-step": 0.01}
 DELTA = 1e-5
 
 
-def run_config(row: str, setting: str) -> dict[str, Any]:
-    """The run-config overrides of one cell."""
+def run_config(row: str, setting: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run-config overrides of one cell; ``overrides`` replace the row's shared keys (a shorter run for a test:
+    ``{"num-server-rounds": 20}``), evaluation still at the last round."""
     if row not in ROWS or setting not in SETTINGS:
         raise ValueError(f"unknown cell ({row!r}, {setting!r}); rows {list(ROWS)}, settings {list(SETTINGS)}")
-    base = dict(ROWS[row])
+    base = {**ROWS[row], **(overrides or {})}
     rounds = int(base["num-server-rounds"])
     if row == "dpq-dsgd":
         cfg = {**DPQ_TASK, **base, "eval-every": rounds}
@@ -123,12 +125,12 @@ def _recal_accuracy(cfg: Any, strategy: Any) -> float:
     return float(np.mean(np.argmax(feats @ x, axis=1) == np.asarray(test.y)))
 
 
-def run_cell(row: str, setting: str) -> dict[str, Any]:
+def run_cell(row: str, setting: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One cell: the run, its accuracy, its privacy figures (target, worst agent's rigorous, the paper's) and bytes."""
     from fedpdm_flower.fedapp.config import parse_run_config
     from simulations.inprocess import run_inprocess
 
-    cfg = parse_run_config(run_config(row, setting))
+    cfg = parse_run_config(run_config(row, setting, overrides))
     t0 = time.perf_counter()
     strategy, _, wall = run_inprocess(cfg, evaluate=row == "dpq-dsgd")  # RECAL family: accuracy computed here
     last = strategy.history[-1]

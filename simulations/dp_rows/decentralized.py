@@ -13,7 +13,8 @@ under cross-entropy) do not train, so their accuracy would compare models, not m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from simulations.dp_seeds import Cell, Row, central_dp_cell, dpsgd_fedavg_cell
 from simulations.dp_seeds_decentralized import DPQ_TASK, run_cell
@@ -33,9 +34,9 @@ TASK_TEXT = {
 }
 
 
-def _cell(row: str, setting: str) -> Callable[[], Cell]:
+def _cell(row: str, setting: str, overrides: Mapping[str, Any] | None) -> Callable[[], Cell]:
     def run() -> Cell:
-        out = run_cell(row, setting)
+        out = run_cell(row, setting, overrides)
         note = f"{out['rounds']} rounds, {out['wall_s']:.0f} s"
         if row == "dpq-dsgd" and out.get("node_mean_accuracy") is not None:
             note += f"; node-average model, mean of the nodes' own {out['node_mean_accuracy']:.3f}"
@@ -70,6 +71,13 @@ def _references(row: str) -> dict[str, Callable[[], Cell]]:
     }
 
 
-ROWS = [Row(name=NAMES[r], task=TASK_TEXT[r],
-            cells={**{col: _cell(r, s) for col, s in COLUMN_OF.items()}, **_references(r)})
-        for r in TASKS]
+def make_rows(overrides: Mapping[str, Mapping[str, Any]] | None = None, *, references: bool = True) -> list[Row]:
+    """The rows; ``overrides`` maps a row to run-config keys replacing its task's (a shorter run for a test),
+    ``references=False`` leaves the two Flower FedAvg reference cells out."""
+    return [Row(name=NAMES[r], task=TASK_TEXT[r],
+                cells={**{col: _cell(r, s, (overrides or {}).get(r)) for col, s in COLUMN_OF.items()},
+                       **(_references(r) if references else {})})
+            for r in TASKS]
+
+
+ROWS = make_rows()
