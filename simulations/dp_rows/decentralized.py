@@ -26,10 +26,10 @@ NAMES = {"dp-recal": "DP-RECAL", "dp-nids": "DP-NIDS (DP-RECAL's baseline)",
          "dp-pg-extra": "DP-PG-EXTRA (DP-RECAL's baseline)", "dp-rw-admm": "DP-RW-ADMM (DP-RECAL's baseline)",
          "dpq-dsgd": "DPQ-DSGD"}
 TASK_TEXT = {
-    "dp-recal": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 4,800 baton hops",
-    "dp-nids": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 600 rounds",
-    "dp-pg-extra": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 600 rounds",
-    "dp-rw-admm": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 4,800 token hops",
+    "dp-recal": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 1,200 baton hops",
+    "dp-nids": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 150 rounds",
+    "dp-pg-extra": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 150 rounds",
+    "dp-rw-admm": "MNIST elastic net (nu = 1e-3), 8 agents on a ring, 1,200 token hops",
     "dpq-dsgd": "MNIST, tiny-cnn, 5 nodes on a ring, 300 iterations",
 }
 
