@@ -96,7 +96,7 @@ def test_the_sample_is_poisson_at_rate_q() -> None:
     grid = Recorder(user_app(), N)
     s = CentralDP(fedavg(), epsilon=50.0, clip_norm=1.0, sampling_rate=0.3, num_rounds=40, min_available_nodes=N,
                   noise_multiplier=0.0)  # the sampling does not depend on the noise; no accounting: fast
-    res = s.start(grid=grid, initial_arrays=initial(), num_rounds=40)
+    s.start(grid=grid, initial_arrays=initial(), num_rounds=40)
     counts = [s.diagnostics[r]["central_dp.sampled"] for r in range(1, 41)]  # every node answers
     mean, se = np.mean(counts), math.sqrt(N * 0.3 * 0.7 / 40)
     assert abs(mean - N * 0.3) < 4 * se

@@ -140,7 +140,7 @@ def test_masks_cancel_exactly_with_noise_on_and_the_noise_has_the_configured_var
     shares: list[dict[str, np.ndarray]] = []
     policy.observer = shares.append
     strategy = Sums(fedavg(), epsilon=8.0, num_rounds=3, clip_norm=1.0, buffer_size=4)
-    result = strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=1)
+    strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=1)
     assert len(shares) == N and len(strategy.sums) == 2
     # each buffer's decoded sum is exactly the sum of its members' encoded updates and noise shares: the masks
     # cancel to the last integer (which device is in which buffer: match the shares' sums against the two sums)
@@ -248,7 +248,7 @@ def test_the_device_refuses_less_noise_than_its_floor(ask: dict[str, Any], why: 
 def test_the_device_ledger_refuses_a_release_past_its_own_epsilon() -> None:
     policy = DeviceSkellam(min_noise_multiplier=0.5, max_epsilon=8.0)
     strategy = DistributedDP(fedavg(), epsilon=100.0, num_rounds=3, noise_multiplier=1.0, buffer_size=4)
-    result = strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=3)
+    strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=3)
     m = strategy.diagnostics
     # z = 1 at delta = 1e-5: 2 releases cost 7.09 (the server's own figure), a 3rd would pass the devices' 8
     assert m[2]["ddp.epsilon"] == pytest.approx(7.088, abs=0.01)

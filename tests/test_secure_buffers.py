@@ -122,7 +122,7 @@ def test_a_buffer_below_its_threshold_is_discarded_not_unmasked() -> None:
     grid = Recorder(secure_app(poison={0: "offline", 1: "offline"}), 4)
     strategy = SecureBuffers(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4,
                                     min_train_nodes=4), buffer_size=4, threshold=3)
-    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
     assert strategy.diagnostics[1]["secure.buffers_discarded"] == 1
     # nobody was asked to unmask: the two survivors' replies in the transcript are their masked uploads only
     assert not [x for x in grid.transcript if any(k.startswith("bshare.")

@@ -333,7 +333,8 @@ def encode_exact(values: ArrayLike) -> NDArray[np.uint32]:
     fixed-point sum. Used for what must add up exactly beside a quantized vector: a client's weight and its weighted
     metrics (:class:`fedpdm_flower.strategies.wrappers.SecureBuffers`), its count of clipped coordinates.
 
-    Raises ValueError for a non-finite value or one beyond :data:`EXACT_MAX`.
+    The sums must stay below :data:`EXACT_MAX` in magnitude as well (a weight times a metric below 5.5e11, summed
+    over a buffer). Raises ValueError for a non-finite value or one beyond :data:`EXACT_MAX`.
     """
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(v)):

@@ -1416,7 +1416,9 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if size < self.min_evaluate_nodes:
             log(WARNING, "round %d: %d node(s) of the federation are connected, fewer than min_evaluate_nodes = %d: "
                 "they all evaluate", server_round, len(nodes), self.min_evaluate_nodes)
-        chosen = sorted(self.rng(STREAM_EVALUATE, server_round).choice(nodes, size=size, replace=False).tolist())
+        # draw positions, not ids: a node id is a uint64 that numpy would carry as a float64 and round
+        picks = self.rng(STREAM_EVALUATE, server_round).choice(len(nodes), size=size, replace=False)
+        chosen = [nodes[int(i)] for i in sorted(picks)]
         cfg = ConfigRecord({**dict(config if config is not None else self.evaluate_config), ROUND_KEY: server_round})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
         self._eval_msgs = [Message(content, dst_node_id=int(n), message_type=MessageType.EVALUATE) for n in chosen]
