@@ -581,6 +581,11 @@ class SecureBuffers(StrategyWrapper):
     model and ``Result.train_metrics_clientapp`` alike (up to the quantization step); the server never sees one
     client's weight or metrics. Evaluate messages and replies are Flower's, in the clear (as under Flower's SecAgg+,
     which secures only the fit exchange).
+
+    A device states its own weight, and inside the masks nobody can check it: one device claiming a huge
+    ``num-examples`` dominates its buffer's mean and, under a weighted inner strategy, the buffer's weight. Against
+    Byzantine devices put :class:`Robust` inside (``SecureBuffers(Robust(FedAvg(...)), ...)``): it aggregates the
+    buffer means unweighted and robustly.
     """
 
     bytes_prefix = None  # counts its own bytes (compress.* / secure.*)
