@@ -242,7 +242,9 @@ def test_log_lines_are_flowers(caplog: pytest.LogCaptureFixture) -> None:
 # ----------------------------------------------------------------------------- the federation
 class Growing(LocalGrid):
     """Nodes 1..first answer from the start; the rest connect once ``later`` seconds have passed (or, with
-    ``rounds``, once that many train exchanges have gone by)."""
+    ``rounds``, once that many train exchanges have gone by): a federation that grows, as a deployment's does."""
+
+    fixed_federation = False
 
     def __init__(self, app: Any, n: int, first: int, *, later: float | None = None, rounds: int | None = None) -> None:
         super().__init__(app, n)
