@@ -76,8 +76,11 @@ def test_the_servers_transcript_holds_no_individual_update() -> None:
         pid = strategy.keys[reply.metadata.src_node_id][0]
         truth = reference_update(pid, w0, 0.0)
         masked = reply.content.array_records["secure"]["masked"].numpy()
-        # the update (scaled by its weight / max_weight = 300 / 1000), then the tail: weight and clipped count
-        assert masked.shape == (D + 1 + secagg.tail_size([]),)
+        # the update (scaled by its weight / max_weight = 300 / 1000), then the tail: the weight, the weighted
+        # metrics (only their names are in the clear) and the clipped count
+        declared = reply.content.config_records["secure-tail"]["metrics"]
+        assert declared == '[["train_loss", -1]]'
+        assert masked.shape == (D + 1 + secagg.tail_size([("train_loss", -1)]),)
         seen = secagg.dequantize(masked[:D + 1], 1, strategy.clip, strategy.levels) / 0.3
         # the upload alone decodes to noise uniform on [-clip, clip]: nothing like the update (|u| < 1)
         assert np.median(np.abs(seen - truth)) > 1.0
