@@ -418,7 +418,12 @@ class FedREPClient(LocalMomentumClient):
         if self.secure is None:
             if message_type == "query.unmask":
                 raise ValueError(_NOT_SECURE)
-            return super().handle(message_type, content)
+            reply = super().handle(message_type, content)
+            if message_type == "query.propose" and "metrics" in reply.metric_records:
+                # phase 1 is where the device trains: its metrics are the round's train metrics, weighted by |D_k|
+                # (Flower's "num-examples"; the server aggregates them as FedAvg does)
+                reply.metric_records["metrics"]["num-examples"] = self.num_examples
+            return reply
         if message_type == "query.propose":
             return self._secure_propose(content)
         if message_type == "train":

@@ -257,6 +257,25 @@ class FedREP(FederatedStrategy):
     def global_model(self) -> FloatArray:
         return self.w.astype(np.float64)
 
+    def set_global_model(self, x: FloatArray) -> None:
+        """Start the next round from other arrays (Flower's ``configure_train`` argument): w = x in float32, and every
+        client gets the dense model next (none holds this w^t to replay a sparse downlink on)."""
+        if not np.all(np.isfinite(x)):
+            raise ValueError("the arrays passed to configure_train hold NaN or Inf values")
+        self.w = np.asarray(x, dtype=np.float32)
+        self.x = self.w.astype(np.float64)
+        self.synced = set() if self.synced is not None else None
+        self.last_update = _EMPTY
+
+    def client_train_metrics(self, server_round: int) -> MetricRecord | None:
+        """The clients train in phase 1 (``query.propose``): the round's train metrics are the accepted proposals'
+        (Flower's aggregation, as the base does for train replies). A device in secure mode keeps its metrics (a
+        per-client loss in the clear would leak what the masks hide): the aggregate is then empty."""
+        if self.secure is not None:
+            return MetricRecord()
+        self._acc["train_replies"] = self._acc.get("propose_replies", {})
+        return super().client_train_metrics(server_round)
+
     @property
     def k(self) -> int:
         """Coordinates each client proposes (k = d without ConSpar); needs the model and the federation."""
@@ -280,7 +299,7 @@ class FedREP(FederatedStrategy):
     def propose_config(self, server_round: int) -> dict[str, Scalar]:
         """Everything the clients' phase 1 needs: the local algorithm, ConSpar, masking, the downlink's CRC."""
         cfg: dict[str, Scalar] = {
-            **self.user_config, **self.common_config(), ROUND_KEY: server_round,
+            **self.common_config(), ROUND_KEY: server_round,
             "lr": self.learning_rate(server_round), "momentum": self.momentum, "local-steps": self.local_steps,
             "k": self.k, "alpha": self.conspar.alpha if self.conspar is not None else 0.0,
             "error-feedback": self.upload == "conspar", "masked": self.masked,
@@ -290,7 +309,7 @@ class FedREP(FederatedStrategy):
             cfg["batch-size"] = self.batch_size
         if self.secure is not None:  # the devices sign this round's key for this run
             cfg[secagg.S_RUN] = self.secure.run_label
-        return cfg
+        return self.with_user_config(cfg)
 
     def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
         """query.propose to every client: the sparse aggregate (or the dense model) and the round's settings."""
@@ -368,6 +387,7 @@ class FedREP(FederatedStrategy):
                 self.reject(server_round, node_id, f"propose: {err}")
                 continue
             proposals[cid] = proposal
+            self._acc.setdefault("propose_replies", {})[cid] = (node_id, content)
             if self.sparse_downlink:
                 self.synced.add(cid)
             metrics = content.metric_records.get("metrics")
