@@ -75,7 +75,8 @@ def test_the_servers_transcript_holds_no_individual_update() -> None:
         pid = strategy.keys[reply.metadata.src_node_id][0]
         truth = reference_update(pid, w0, 0.0)
         masked = reply.content.array_records["secure"]["masked"].numpy()
-        seen = secagg.dequantize(masked, 1, strategy.clip, strategy.levels)
+        assert masked.shape == (D + 2,)  # w, b and the count of clipped coordinates
+        seen = secagg.dequantize(masked[:-1], 1, strategy.clip, strategy.levels)
         # the upload alone decodes to noise uniform on [-clip, clip]: nothing like the update (|u| < 1)
         assert np.median(np.abs(seen - truth)) > 1.0
         assert abs(np.corrcoef(seen, truth)[0, 1]) < 0.2
@@ -89,8 +90,8 @@ def test_the_servers_transcript_holds_no_individual_update() -> None:
     seed = secagg.combine_secret([a.content.array_records["secure"][f"bshare.{cid}"].numpy().tobytes()
                                   for a in answers])
     upload = next(r for r in uploads if r.metadata.src_node_id == node).content.array_records["secure"]["masked"].numpy()
-    left = upload - secagg.self_mask(seed, label, D + 1)
-    seen = secagg.dequantize(left, 1, strategy.clip, strategy.levels)
+    left = upload - secagg.self_mask(seed, label, D + 2)
+    seen = secagg.dequantize(left[:-1], 1, strategy.clip, strategy.levels)
     assert np.median(np.abs(seen - reference_update(cid, w0, 0.0))) > 1.0  # the pairwise masks of the mates still hide it
 
 

@@ -605,10 +605,13 @@ class SecureBuffers(StrategyWrapper):
         for b, why in failed.items():
             log(WARNING, "round %d: buffer %d could not be unmasked and is discarded: %s", server_round, b, why)
         decoded: list[Message] = []
+        clipped = 0
         for buffer in plan.buffers:
             if buffer.buffer_id not in sums:
                 continue
             total, count = sums[buffer.buffer_id]
+            total, lost = self.secure.split(total)
+            clipped += lost
             try:
                 mean = self.decode_sum(total, count)
             except ValueError as err:
@@ -620,9 +623,13 @@ class SecureBuffers(StrategyWrapper):
             reply.content = RecordDict({self._round["key"]: _record(model),
                                         "metrics": MetricRecord({self.weight_key: count})})
             decoded.append(reply)
+        if clipped:
+            log(WARNING, "round %d: %d coordinate(s) of the masked updates lay outside the fixed-point range "
+                "[-%g, %g] and were clipped (secure.clipped): pass SecureBuffers(clip=...) a wider range", server_round,
+                clipped, self.clip, self.clip)
         self._round_stats.update({"secure.buffers": float(len(decoded)),
                                   "secure.buffers_discarded": float(len(plan.discarded) + len(failed)),
-                                  "secure.dropped": float(plan.dropped)})
+                                  "secure.dropped": float(plan.dropped), "secure.clipped": float(clipped)})
         return super().aggregate_train(server_round, decoded)
 
 
