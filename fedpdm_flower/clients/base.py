@@ -378,6 +378,8 @@ class FedClient(NumPyClient):
         if message_type == "train":
             arrays, n, metrics = self.fit(params, config)
             reply = reply_content(arrays, n, metrics, arrays_key=key or "arrays")
+            if key and _same_layout(arrays, params):  # the model's own arrays back (Flower's strategies): its names
+                reply[key] = named_record(dict(zip(content.array_records[key].keys(), arrays, strict=True)))
             share, self._share_buffers = getattr(self, "_share_buffers", False), False
             return self.reply_buffers(reply, sent, share=share)
         if message_type == "evaluate":
@@ -426,6 +428,11 @@ class FedClient(NumPyClient):
         app = ClientApp(mods=mods or [])
         register(app, client_fn, cls.actions, cache_size=cache_size)
         return app
+
+
+def _same_layout(out: Sequence[NDArray[Any]], received: Sequence[NDArray[Any]]) -> bool:
+    """Whether a reply's arrays have the received arrays' count and shapes (the model sent back in its own layout)."""
+    return len(out) == len(received) and all(np.shape(a) == np.shape(b) for a, b in zip(out, received, strict=True))
 
 
 def _pick(records: Mapping[str, Any], preferred: str) -> str | None:
