@@ -433,3 +433,32 @@ def test_dataset_of_pairs_or_arrays_still_reads_as_before() -> None:
     x, y = data.batch(np.array([3, 1]))
     assert tuple(x.shape) == (2, 1, 14, 14) and y.tolist() == images(12, 0).tensors[1][[3, 1]].tolist()
     assert math.isclose(float(x.sum()), float(images(12, 0).tensors[0][[3, 1]].sum()))
+
+
+def test_compress_mod_sends_batchnorm_statistics_as_they_are_never_through_the_codec() -> None:
+    """Under Compressed, the codec and its error memory cover the parameters; the running statistics and the counter
+    go up as training left them (error feedback would re-send a statistic's change each round and overshoot)."""
+    from fedpdm_flower.clients.mods import NEW_CRC, UPLINK, _crc, _layout, compress_mod
+
+    torch.manual_seed(0)
+    net = TinyCNN(norm=True)
+    named = state_of(net)
+    layout = _layout(named)
+    assert layout.dim == sum(p.numel() for p in net.parameters())
+    trained = {**named, "norm.running_var": named["norm.running_var"] * 0.25,
+               "norm.num_batches_tracked": np.array(7, np.int64), "fc.bias": named["fc.bias"] + 1.0}
+
+    def call_next(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in trained.items()}),
+                                   "metrics": MetricRecord({"num-examples": 5})}), reply_to=msg)
+
+    LocalGrid(ClientApp(), 1)  # plays the ServerApp's task identity, which Flower's Message constructor reads
+    msg = Message(RecordDict({"arrays": ArrayRecord(net.state_dict()),
+                              "config": ConfigRecord({NEW_CRC: _crc(layout.flatten(named)), UPLINK: "topk:0.1"})}),
+                  dst_node_id=1, message_type="train")
+    msg.metadata.__dict__["_message_id"] = "m"
+    reply = compress_mod()(msg, ctx(), call_next)
+    sent = arrays_of(reply.content["arrays"])
+    np.testing.assert_array_equal(sent["k.norm.running_var"], trained["norm.running_var"])
+    assert int(sent["k.norm.num_batches_tracked"]) == 7
+    assert not any(k.startswith("c.") and "norm.running" in k for k in sent)

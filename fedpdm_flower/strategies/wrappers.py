@@ -45,7 +45,7 @@ from numpy.typing import NDArray
 
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.compression.codecs import Codec, codec_from_spec
-from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
+from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch, norm_buffer_names
 from fedpdm_flower.fedapp.secagg import (  # the protocol's names, importable from here as before
     S_BUFFER,
     S_CLIP,
@@ -137,6 +137,9 @@ class StrategyWrapper(Strategy):
     #: this wrapper sends and receives; under another wrapper that is the outer layer's traffic (a buffer mean
     #: under SecureBuffers), so the outermost wrapper's figures are the wire's.
     bytes_prefix: str | None = "wrapper"
+    #: keep the model's normalisation buffers (BatchNorm statistics, :func:`fedpdm_flower.fedapp.layout.norm_buffer_names`)
+    #: beside the flat vector, as they are, instead of in it (Compressed: no codec or error memory may touch them)
+    BUFFERS_BESIDE = False
 
     def __init__(self, inner: Strategy, *, max_weight: float | None = None) -> None:
         if not isinstance(inner, Strategy):
@@ -211,7 +214,7 @@ class StrategyWrapper(Strategy):
         named = arrays_of(next(iter(message.content.array_records.values())))
         if self.layout is None or [(e.name, e.shape, e.dtype) for e in self.layout.entries] != [
                 (k, v.shape, v.dtype) for k, v in named.items()]:
-            self.layout = ArrayLayout.of(named)
+            self.layout = ArrayLayout.of(named, beside=norm_buffer_names(named) if self.BUFFERS_BESIDE else ())
 
     def check_reply(self, reply: Message) -> None:
         """Raise MalformedPayload unless the reply follows the convention with the model's layout and sane values."""
@@ -272,6 +275,10 @@ class Compressed(StrategyWrapper):
     gets the new r densely. Without a downlink codec the model goes out dense. Either way every client trains from
     the same r, and its update is taken against it.
 
+    The model's normalisation buffers (BatchNorm running statistics, recognised by torch's names) and integer
+    entries are never coded: they travel as they are both ways, and the inner strategy averages them as it always
+    does. (Error feedback on a running statistic would re-send its change round after round and overshoot.)
+
     Parameters
     ----------
     inner
@@ -288,6 +295,9 @@ class Compressed(StrategyWrapper):
     """
 
     bytes_prefix = None  # counts its own bytes (compress.* / secure.*)
+    #: a running statistic's change is not a step: error feedback would sum it round after round and overshoot
+    #: (a negative running variance; the FedREP + BatchNorm collapse of issue 23), so buffers travel as they are
+    BUFFERS_BESIDE = True
 
     def __init__(self, inner: Strategy, *, uplink: Codec | None = None, downlink: Codec | None = None,
                  seed: int | None = None, max_weight: float | None = None) -> None:
