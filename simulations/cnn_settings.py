@@ -46,7 +46,8 @@ def _bn_net() -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
             x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
-            return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+            out: torch.Tensor = self.fc2(torch.relu(self.fc1(x.flatten(1))))
+            return out
 
     return NetBN()
 
