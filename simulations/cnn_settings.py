@@ -157,6 +157,7 @@ CONFIGS: dict[str, tuple[Callable[[int], list[float]], int | None]] = {
     "bsdp-fedpdm rho=0.1, eta0=0.1": (broadcast("bsdp-fedpdm", rho=0.1, eta0=0.1), None),
     "bsdp-fedpdm rho=0.1, eta0=0.2": (broadcast("bsdp-fedpdm", rho=0.1, eta0=0.2), None),
     "bsdp-fedpdm rho=0.1, eta0=0.1, BatchNorm CNN": (broadcast("bsdp-fedpdm", True, rho=0.1, eta0=0.1), None),
+    "bsdp-fedpdm rho=0.1, eta0=0.2, BatchNorm CNN": (broadcast("bsdp-fedpdm", True, rho=0.1, eta0=0.2), None),
     "fedavg defaults (eta0=0.04)": (broadcast("fedavg"), None),
     "fedavg eta0=0.2": (broadcast("fedavg", eta0=0.2), None),
     "fedavg eta0=0.2, BatchNorm CNN": (broadcast("fedavg", True, eta0=0.2), None),

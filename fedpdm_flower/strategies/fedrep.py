@@ -99,6 +99,12 @@ class FedREP(FederatedStrategy):
 
     All connected clients take part in every round (fraction_train is 1, Alg. 1). The model is kept in float32,
     the values every client receives, so that the sparse downlink can be replayed bit for bit by the clients.
+    BatchNorm statistics are in w, and their coordinates are in every round's I^t, outside the proposals, with no
+    error memory (:func:`fedpdm_flower.fedapp.algorithms.fedrep.buffer_indices`).
+
+    For a neural network use ``local_steps=20, batch_size=None, conspar=ConSpar(0.1),
+    aggregator=GeometricMedian(iters=5)``: on a small BatchNorm CNN the defaults reach 0.18 after 5 rounds and 0.70
+    after 20, these 0.93 and 0.96 (docs/models-and-data.md).
 
     Parameters
     ----------
