@@ -24,6 +24,10 @@ class DPFedPDM(BroadcastStrategy):
     """Alg. 1: broadcast x_0, the clients run (8a)-(8d) and upload y_i, the server averages them and applies the
     l1 prox (12): x_0^{t+1} = prox_{h/rho}(mean y), h = gamma ||x||_1.
 
+    The defaults are the paper's, for its linear model. For a neural network use ``rho=0.1, eta0=0.2, gamma=0``
+    (a small CNN on MNIST: 0.86 after 5 rounds, 0.94 after 20, where the defaults stay at 0.15;
+    docs/models-and-data.md).
+
     Parameters
     ----------
     rho
