@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-# Before numpy / torch load: one BLAS thread, as in Flower's Ray actors, so that the bit-for-bit comparisons of the
-# Flower simulation with the in-process driver see the same floating-point reductions (Makefile sets it too).
+if TYPE_CHECKING:
+    from simulations.deploy import LocalSimulation
+
+# Before numpy / torch load: one BLAS thread, as in Flower's Ray actors, so that the comparisons of the Flower
+# simulation with the in-process driver see the same floating-point reductions (Makefile sets it too); they still
+# allow a few ulps (tests/crossproc.py): two processes can round one reduction differently.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -19,7 +24,9 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "flower: runs a real Flower simulation through `flwr run` (slow)")
-    config.addinivalue_line("markers", "deployment: starts a real SuperLink and SuperNodes on loopback (slow)")
+    config.addinivalue_line("markers", "deployment: starts a real SuperLink and SuperNodes on loopback (slow); "
+                                       "left out of `make test`, run by `make test-deploy` (CI runs both)")
+    config.addinivalue_line("markers", "install: builds the wheel and installs it into a fresh virtual environment")
 
 
 @pytest.fixture(autouse=True)
@@ -28,25 +35,34 @@ def _quiet_flower_logs() -> None:
 
 
 @pytest.fixture(scope="session")
-def _own_simulation_superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """One simulation SuperLink of the test session's own, which `run_flower` uses instead of `flwr run`'s shared
-    local daemon: that daemon may have been started from another checkout and would run its ClientApps there (the
-    editable install puts that checkout on sys.path); this one imports the checkout under test (PYTHONPATH)."""
+def flower_simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
+    """One simulation SuperLink per test process (per xdist worker), shared by every Flower test of that process.
+
+    Not `flwr run`'s shared local daemon: that daemon may have been started from another checkout and would run its
+    ClientApps there (the editable install puts that checkout on sys.path); this one imports the checkout under test
+    (PYTHONPATH). Starting a SuperLink costs seconds, so tests pass its ``connection`` and ``env`` to ``run_flower``
+    instead of starting their own; runs on it are independent (each ``flwr run`` is a new run id)."""
     from simulations.deploy import local_simulation
+
+    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home")) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="session")
+def _own_simulation_superlink(flower_simulation: LocalSimulation) -> Iterator[None]:
+    """Points ``run_flower``'s default connection (and FLWR_HOME) at the session's SuperLink for the whole session."""
     from simulations.flower_driver import CONNECTION_VAR
 
-    home = tmp_path_factory.mktemp("flwr-home")
-    with local_simulation(flwr_home=home) as sim:
-        saved = {k: os.environ.get(k) for k in (CONNECTION_VAR, "FLWR_HOME")}
-        os.environ.update({CONNECTION_VAR: sim.connection, "FLWR_HOME": str(home)})
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    saved = {k: os.environ.get(k) for k in (CONNECTION_VAR, "FLWR_HOME")}
+    os.environ.update({CONNECTION_VAR: flower_simulation.connection, "FLWR_HOME": flower_simulation.env["FLWR_HOME"]})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

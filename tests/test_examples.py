@@ -12,13 +12,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from simulations.deploy import LocalSimulation, local_simulation
+from simulations.deploy import LocalSimulation
 from simulations.flower_driver import ROOT, run_flower
 
 pytestmark = pytest.mark.flower
@@ -62,14 +61,8 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
-    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home")) as sim:
-        yield sim
-
-
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_example_runs_through_flwr_and_learns(name: str, simulation: LocalSimulation, tmp_path: Path) -> None:
+def test_example_runs_through_flwr_and_learns(name: str, flower_simulation: LocalSimulation, tmp_path: Path) -> None:
     folder, overrides, nodes, metric, floor = EXAMPLES[name]
     out = tmp_path / "result.json"
     masked = any(w in str(overrides.get("wrappers", "")) for w in ("secure", "distributed-dp")) or folder == "fedrep_cnn"
@@ -78,7 +71,7 @@ def test_example_runs_through_flwr_and_learns(name: str, simulation: LocalSimula
                        cwd=ROOT / "examples" / folder, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
         overrides = {**overrides, "keys-dir": str(tmp_path / "keys")}
     run = run_flower({**overrides, "result-path": str(out)}, tmp_path, num_supernodes=nodes,
-                     connection=simulation.connection, env=simulation.env, simulation=True, app=ROOT / "examples" / folder,
+                     connection=flower_simulation.connection, env=flower_simulation.env, simulation=True, app=ROOT / "examples" / folder,
                      results_name=None, stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
     result = json.loads(out.read_text())
@@ -94,15 +87,15 @@ def test_example_runs_through_flwr_and_learns(name: str, simulation: LocalSimula
         assert totals["secure.buffers_discarded"] == 0, totals
 
 
-def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(simulation: LocalSimulation,
+def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(flower_simulation: LocalSimulation,
                                                                       tmp_path: Path) -> None:
     # CentralDP around the user's FedAvg, 10 nodes, q = 0.5, epsilon 8 over 3 rounds. Client-level DP with 10
     # clients is noise-dominated (z C / (q N) per coordinate; measured 0.07-0.08 accuracy, 2 runs), so this checks
     # the run and its accounting; `bench --suite dp-anchor` shows it learning with 1,000 clients
     out = tmp_path / "result.json"
     run = run_flower({"wrappers": "central-dp", "min-nodes": 10, "dp-epsilon": 8.0, "dp-sampling-rate": 0.5,
-                      "result-path": str(out)}, tmp_path, num_supernodes=10, connection=simulation.connection,
-                     env=simulation.env, simulation=True, app=ROOT / "examples" / "wrapped_fedavg", results_name=None,
+                      "result-path": str(out)}, tmp_path, num_supernodes=10, connection=flower_simulation.connection,
+                     env=flower_simulation.env, simulation=True, app=ROOT / "examples" / "wrapped_fedavg", results_name=None,
                      stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
     privacy = json.loads(out.read_text())["privacy"]
@@ -110,10 +103,10 @@ def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(simulation
     assert 7.99 < privacy["epsilon"] <= 8.0 and privacy["delta"] == 1e-5  # z calibrated to spend the target
 
 
-def test_dpsgd_devices_report_their_ledgers_spend(simulation: LocalSimulation, tmp_path: Path) -> None:
+def test_dpsgd_devices_report_their_ledgers_spend(flower_simulation: LocalSimulation, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     run = run_flower({"wrappers": "", "dpsgd-epsilon": 3.0, "num-server-rounds": 2, "result-path": str(out)}, tmp_path,
-                     num_supernodes=4, connection=simulation.connection, env=simulation.env, simulation=True,
+                     num_supernodes=4, connection=flower_simulation.connection, env=flower_simulation.env, simulation=True,
                      app=ROOT / "examples" / "wrapped_fedavg", results_name=None, stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
     privacy = json.loads(out.read_text())["privacy"]

@@ -7,12 +7,11 @@ fresh app directory with a minimal pyproject.toml, and run on a simulation Super
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from simulations.deploy import LocalSimulation, local_simulation
+from simulations.deploy import LocalSimulation
 from simulations.flower_driver import ROOT, run_flower
 
 MARKER = "<!-- snippet: use-in-your-app -->"
@@ -62,19 +61,13 @@ def test_the_wrappers_snippet_builds_what_it_says() -> None:
     assert isinstance(compressed, Compressed) and isinstance(compressed.inner, Robust)
 
 
-@pytest.fixture(scope="module")
-def simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
-    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home")) as sim:
-        yield sim
-
-
 @pytest.mark.flower
-def test_the_snippet_runs_through_flwr_and_learns(simulation: LocalSimulation, tmp_path: Path) -> None:
+def test_the_snippet_runs_through_flwr_and_learns(flower_simulation: LocalSimulation, tmp_path: Path) -> None:
     app = tmp_path / "app"
     app.mkdir()
     (app / "pyproject.toml").write_text(PYPROJECT)
     (app / "my_app.py").write_text(snippet())
-    run = run_flower({}, tmp_path / "out", num_supernodes=3, connection=simulation.connection, env=simulation.env,
+    run = run_flower({}, tmp_path / "out", num_supernodes=3, connection=flower_simulation.connection, env=flower_simulation.env,
                      simulation=True, app=app, results_name=None, stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
     found = re.findall(r"final accuracy (\d\.\d+)", run.log)
