@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from installed import InstalledEnv
+
     from simulations.deploy import LocalSimulation
 
 # Before numpy / torch load: one BLAS thread, as in Flower's Ray actors, so that the comparisons of the Flower
@@ -65,7 +67,41 @@ def _own_simulation_superlink(flower_simulation: LocalSimulation) -> Iterator[No
                 os.environ[k] = v
 
 
+@pytest.fixture(scope="session")
+def installed_env(tmp_path_factory: pytest.TempPathFactory) -> InstalledEnv:
+    """A fresh virtual environment with the library pip-installed from its wheel and every example app pip-installed
+    by its own pyproject (tests/installed.py). Built once per test run: xdist workers share it through a file lock
+    in their common temporary directory."""
+    from filelock import FileLock
+    from installed import ROOT, InstalledEnv, build_installed_env
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    dest = shared / "installed-env"
+    with FileLock(str(shared / "installed-env.lock")):
+        if not (dest / "ready").exists():
+            build_installed_env(dest, sorted(p for p in (ROOT / "examples").iterdir() if (p / "pyproject.toml").exists()))
+            (dest / "ready").write_text("ok\n")
+    (wheel,) = (dest / "wheels").glob("fedpdm_flower-*.whl")
+    return InstalledEnv(root=dest, wheel=wheel)
+
+
+@pytest.fixture(scope="session")
+def installed_simulation(installed_env: InstalledEnv, tmp_path_factory: pytest.TempPathFactory
+                         ) -> Iterator[LocalSimulation]:
+    """A simulation SuperLink whose ServerApp and ClientApps run in ``installed_env`` (no PYTHONPATH, working
+    directory outside the checkout): apps import the installed wheel, as a user's would."""
+    from simulations.deploy import local_simulation
+
+    work = tmp_path_factory.mktemp("installed-superlink")
+    with local_simulation(flwr_home=work / "flwr-home", pythonpath=None, bin_dir=installed_env.bin_dir,
+                          cwd=work) as sim:
+        yield sim
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames"):
+        # Flower tests run the checkout on the session's SuperLink, except those that run an installed environment
+        if (item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames")
+                and "installed_simulation" not in item.fixturenames):
             item.fixturenames.append("_own_simulation_superlink")
