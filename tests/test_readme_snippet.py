@@ -1,7 +1,9 @@
 """The README's "Use it in your Flower app" code is a working app: it runs through `flwr run` and learns.
 
 The code block after the ``<!-- snippet: use-in-your-app -->`` marker is written, unchanged, to ``my_app.py`` of a
-fresh app directory with a minimal pyproject.toml, and run on a simulation SuperLink of our own with 3 SuperNodes.
+fresh app directory with a minimal pyproject.toml, and run with 3 SuperNodes on a simulation SuperLink whose
+processes run in a fresh environment with the library pip-installed from its wheel (tests/installed.py), as a
+reader's app would.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ build-backend = "hatchling.build"
 [project]
 name = "my-app"
 version = "1.0.0"
-dependencies = ["flwr[simulation]>=1.41,<1.43", "torch>=2.2"]
+dependencies = ["flwr[simulation]>=1.41,<1.43", "torch>=2.2", "fedpdm-flower"]
 
 [tool.hatch.build.targets.wheel]
 packages = ["."]
@@ -62,12 +64,14 @@ def test_the_wrappers_snippet_builds_what_it_says() -> None:
 
 
 @pytest.mark.flower
-def test_the_snippet_runs_through_flwr_and_learns(flower_simulation: LocalSimulation, tmp_path: Path) -> None:
+@pytest.mark.install
+def test_the_snippet_runs_through_flwr_and_learns(installed_simulation: LocalSimulation, tmp_path: Path) -> None:
     app = tmp_path / "app"
     app.mkdir()
     (app / "pyproject.toml").write_text(PYPROJECT)
     (app / "my_app.py").write_text(snippet())
-    run = run_flower({}, tmp_path / "out", num_supernodes=3, connection=flower_simulation.connection, env=flower_simulation.env,
+    run = run_flower({}, tmp_path / "out", num_supernodes=3, connection=installed_simulation.connection,
+                     env=installed_simulation.env,
                      simulation=True, app=app, results_name=None, stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
     found = re.findall(r"final accuracy (\d\.\d+)", run.log)
