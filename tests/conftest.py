@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,18 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _quiet_flower_logs() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+@pytest.fixture(autouse=True)
+def _forget_cached_clients() -> Iterator[None]:
+    """The reproduction app keeps one client per (run, node, run config) and process, with its data
+    (fedpdm_flower.fedapp.client_app._CLIENTS): right for a ClientApp process, but in one test process every
+    in-process run of the session would stay in memory (a test worker reached 8 GB and was OOM-killed). Each test
+    starts its own runs, so the cache is emptied after each."""
+    yield
+    client_app = sys.modules.get("fedpdm_flower.fedapp.client_app")
+    if client_app is not None:
+        client_app._CLIENTS.clear()
 
 
 @pytest.fixture(scope="session")
