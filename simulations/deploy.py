@@ -516,7 +516,9 @@ def local_deployment(
             ], daemon_env, logs / f"supernode-{i}.log"))
         while True:
             _check_started(dep._daemons)
-            online = _online_nodes(connection, env, timeout=min(10.0, max(5.0, deadline - time.monotonic())))
+            # one `flwr supernode list` may use the time left (at least 10 s): on a loaded machine the CLI alone
+            # takes 7-10 s to start (load average 20-25, 2 cores), and a shorter cap never sees a node online
+            online = _online_nodes(connection, env, timeout=max(10.0, deadline - time.monotonic()))
             if online is not None and online >= num_nodes:
                 break
             if time.monotonic() > deadline:
