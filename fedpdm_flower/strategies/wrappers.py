@@ -118,7 +118,7 @@ def wrapped_chain(strategy: Strategy) -> list[Strategy]:
     return chain
 
 
-#: (outer, inner) pairs that cannot work, anywhere in a chain, and why (the README's composition table)
+#: (outer, inner) pairs that cannot work, anywhere in a chain, and why (docs/wrappers.md's composition table)
 _INVALID: list[tuple[str, str, str]] = [
     ("Robust", "SecureBuffers", "outside the buffers the updates are masked, and no robust rule can compare masked "
                                 "vectors; use SecureBuffers(Robust(...)) to aggregate the buffer means robustly"),
