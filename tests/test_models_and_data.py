@@ -355,7 +355,8 @@ def test_the_model_stays_on_the_users_device(monkeypatch: pytest.MonkeyPatch) ->
 # ----------------------------------------------------------------------------- masked updates: clipping is counted
 def test_secure_buffers_count_and_report_the_coordinates_the_fixed_point_code_clips() -> None:
     """Node i's update is 20 (beyond the range [-8, 8]) on its first i + 1 coordinates: the round reports
-    1 + 2 + 3 + 4 = 10 clipped coordinates, and the aggregate is the mean of the clipped values."""
+    1 + 2 + 3 + 4 = 10 clipped coordinates, and the aggregate is the mean of the clipped values. Each node holds
+    max_weight = 1000 examples, so SecureBuffers' weighting scales its update by 1000 / 1000 = 1 before encoding."""
     n, d = 4, 50
     identities = [secagg.NodeIdentity.generate() for _ in range(n)]
     trust = secagg.TrustStore({i: identities[i].public_bytes() for i in range(n)})
@@ -367,7 +368,7 @@ def test_secure_buffers_count_and_report_the_coordinates_the_fixed_point_code_cl
         pid = int(context.node_config["partition-id"])
         w = msg.content["arrays"]["w"].numpy().copy()
         w[:pid + 1] += 20.0
-        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(w)}), "metrics": MetricRecord({"num-examples": 1})}),
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(w)}), "metrics": MetricRecord({"num-examples": 1000})}),
                        reply_to=msg)
 
     inner = FlowerFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n)
