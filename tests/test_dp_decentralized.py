@@ -3,7 +3,7 @@ layer only: the agents' own data, keyword strategies, ``simulations.inprocess.ru
 
 What is checked, each against an independent truth:
 
-* the vocabulary: a DP-named strategy without ``privacy=`` refuses to start and names what to pass; bad input (an
+* the vocabulary: a DP-named strategy without ``privacy=`` trains without noise and warns, naming what to pass; bad input (an
   unreachable target, q outside (0, 1], C <= 0, no sample rate) is refused before round 1, naming the knob;
 * the device's side: its floor refuses a message before the data is touched (past the floor, or a message without
   DP-SGD); its ledger in ``context.state`` holds exactly the steps it took, and its epsilon is recomputed by a second
@@ -27,7 +27,7 @@ from fedpdm_flower.clients.recal_baselines import NidsClient, PGExtraClient, RWA
 from fedpdm_flower.fedapp.algorithms.recal import LocalLeastSquares
 from fedpdm_flower.fedapp.models.least_squares import LeastSquares
 from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDLedger, clip_rows, dpsgd_epsilon
-from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
+from fedpdm_flower.fedapp.privacy.target import NoPrivacyWarning, PrivacyTarget
 from fedpdm_flower.fedapp.privacy.zcdp import Theorem3Calibration
 from fedpdm_flower.strategies.base import RoundFailed
 from fedpdm_flower.strategies.recal import DPRECAL
@@ -70,10 +70,12 @@ def recal_agent(context: Context, **kw: Any) -> RecalClient:
 
 # ----------------------------------------------------------------------------- the vocabulary, bad input
 @pytest.mark.parametrize("cls", [DPRECAL, DPNids, DPPGExtra, DPRWAdmm])
-def test_a_dp_strategy_without_privacy_refuses_and_says_what_to_pass(cls: Any) -> None:
-    with pytest.raises(ValueError, match=r"pass privacy=PrivacyTarget\(epsilon=\.\.\., sample_rate=\.\.\.\).*"
-                                         r"Theorem3Calibration.*privacy=None.*No epsilon is chosen for you"):
-        cls(min_available_nodes=N)
+def test_a_dp_strategy_without_privacy_warns_and_says_what_to_pass(cls: Any) -> None:
+    with pytest.warns(NoPrivacyWarning, match=r"WITHOUT noise.*Pass privacy=PrivacyTarget\(epsilon=\.\.\., "
+                                              r"sample_rate=\.\.\.\).*Theorem3Calibration.*privacy=None.*"
+                                              r"No epsilon is chosen for you"):
+        strategy = cls(min_available_nodes=N)
+    assert strategy.dpsgd is None and strategy.paper is None
 
 
 @pytest.mark.parametrize(("make", "knob"), [
@@ -270,12 +272,13 @@ def _dpq_run(rounds: int, q_step: float, target: PrivacyTarget = FULL, **kw: Any
                        num_rounds=rounds, initial_arrays=W0)
 
 
-def test_dpq_without_privacy_refuses_and_says_what_to_pass() -> None:
+def test_dpq_without_privacy_warns_and_says_what_to_pass() -> None:
     from fedpdm_flower.strategies.dpq import DPQDSGD
 
-    with pytest.raises(ValueError, match=r"DPQDSGD is a differentially private strategy: pass privacy=PrivacyTarget.*"
-                                         r"TimeVaryingNoise"):
-        DPQDSGD(min_available_nodes=N)
+    with pytest.warns(NoPrivacyWarning, match=r"DPQDSGD is a differentially private strategy built without privacy=: "
+                                              r"it trains WITHOUT noise.*PrivacyTarget.*TimeVaryingNoise"):
+        strategy = DPQDSGD(min_available_nodes=N)
+    assert strategy.target is None and strategy.paper is None and strategy.variant == "quant-only"
 
 
 def test_dpq_nodes_charge_one_step_per_update_and_publish_their_exact_state() -> None:

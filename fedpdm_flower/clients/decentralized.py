@@ -106,34 +106,43 @@ class AgentClient(FedClient):
 
     Parameters
     ----------
-    model, data, loss_fn, context, seed
+    model, data, loss_fn, context, seed, test_data, test_fn
         As :class:`fedpdm_flower.clients.base.FedClient` (``model`` may be None for an agent whose algorithm brings its own
-        local problem). The seed drives the algorithm's own streams (a paper's noise, quantizer, minibatches), never
-        DP-SGD's: its Poisson samples and noise always come from the operating system's entropy
-        (:func:`fedpdm_flower.fedapp.privacy.dpsgd.device_rng`), since whoever knows a seed (the reproduction app's
-        is the server's) could recompute the sample and subtract the noise.
+        local problem). A torch model's buffers are the node's own: no server model holds them, so they persist in
+        the node's ``context.state`` from round to round (``node_local_buffers``); a private run refuses them
+        (:meth:`~fedpdm_flower.clients.base.FedClient.refuse_buffers_under_dp`). The seed drives the algorithm's
+        own streams (a paper's noise, quantizer, minibatches), never DP-SGD's: its Poisson samples and noise always
+        come from the operating system's entropy (:func:`fedpdm_flower.fedapp.privacy.dpsgd.device_rng`), since
+        whoever knows a seed (the reproduction app's is the server's) could recompute the sample and subtract the
+        noise.
     max_epsilon
         The device owner's privacy floor: the most epsilon (RDP accountant of record-level DP-SGD, at the
         message's delta) this device spends over everything it ever releases. A message that would pass it, or that
-        asks for no DP-SGD at all, is refused before the device touches its data. None: no floor.
+        asks for no DP-SGD at all, is refused before the device touches its data; a model with floating-point
+        buffers is refused at construction. None: no floor.
     ledger_path
         A file that keeps the device's DP-SGD ledger across runs (None: ``context.state`` only).
     """
 
+    node_local_buffers = True
+
     def __init__(self, model: Any = None, data: Any = None, loss_fn: Any = None, *, context: Context | None = None,
-                 seed: int | None = None, max_epsilon: float | None = None,
-                 ledger_path: str | Path | None = None) -> None:
+                 seed: int | None = None, test_data: Any = None, test_fn: Any = None,
+                 max_epsilon: float | None = None, ledger_path: str | Path | None = None) -> None:
         if model is not None:
-            super().__init__(model, data, loss_fn, context=context, seed=seed)
+            super().__init__(model, data, loss_fn, context=context, seed=seed, test_data=test_data, test_fn=test_fn)
         else:  # routing-only or own-problem agents: no flat model
             self.model = None
             self.data = None
+            self.test, self.test_fn, self._test_source = None, None, None
             self.seed = seed
             self.node_context = None
             self.client_id = 0
             if context is not None:
                 self.bind(context)
         self.account = DeviceAccount(max_epsilon=max_epsilon, ledger_path=ledger_path)
+        if max_epsilon is not None:  # the device releases only private messages, so never trains buffers
+            self.refuse_buffers_under_dp(f"this device sets a privacy floor (max_epsilon = {max_epsilon})")
 
     @property
     def agent_id(self) -> int:
@@ -177,6 +186,7 @@ class AgentClient(FedClient):
                                  f"device allows at most epsilon = {self.account.max_epsilon:g} (record-level DP-SGD)")
             return None
         mech, delta = asked
+        self.refuse_buffers_under_dp("this message asks for record-level DP-SGD")
         ledger = self.account.admit(self.node_context, mech, delta)
         step = DPSGDStep(model, data, mech, device_rng())
         return PrivateSteps(step, mech, delta, ledger, self.account, self.node_context)

@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from dpq_ring.task import Net, evaluate, load_test
+from fedpdm_flower.fedapp.privacy.dpq import TimeVaryingNoise
 from fedpdm_flower.strategies.dpq import DPQDSGD
 
 app = ServerApp()
@@ -32,7 +33,7 @@ def main(grid: Grid, context: Context) -> None:
     # would swamp this network. Every node's ledger reports what its releases cost (Theorem 1's epsilon).
     strategy = DPQDSGD(
         min_available_nodes=int(rc["num-nodes"]), graph="ring", q_step=float(rc["q-step"]), a3=float(rc["a3"]),
-        sigma_scale=float(rc["sigma-scale"]), evaluate_average=True, eval_every=2,
+        privacy=TimeVaryingNoise(sigma_scale=float(rc["sigma-scale"])), evaluate_average=True, eval_every=2,
     )
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=rounds,
                             evaluate_fn=central_eval)
