@@ -71,6 +71,33 @@ def _flwr(args: list[str], env: dict[str, str], *, capture: bool = True, timeout
     return proc.stdout or ""
 
 
+def submit_run(config: dict[str, Any], *, num_supernodes: int | None = None, connection: str | None = None,
+               env: dict[str, str] | None = None, simulation: bool = False, app: Path = ROOT) -> int:
+    """`flwr run APP [CONNECTION] -c CONFIG`: submit the run and return its id at once (no waiting).
+
+    ``config`` is the run config as given (nothing is added); the other arguments are :func:`run_flower`'s.
+    """
+    env = env or flwr_env()
+    args = ["run", str(app)] + ([connection] if connection else []) + ["--format", "json"]
+    if config:
+        args += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in config.items())]
+    if num_supernodes is not None and (connection is None or simulation):
+        args += ["--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus=1"]
+    out = _flwr(args, env, timeout=120)
+    try:
+        submitted = json.loads(out[out.index("{"):])
+        return int(submitted["run-id"])
+    except (ValueError, KeyError) as err:
+        raise FlowerRunError(f"could not read the run id from `flwr run` output: {out!r}") from err
+
+
+def run_status(run_id: int, *, connection: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The run's record from `flwr list --run-id` (``status``, ``status-details``, ``network-traffic``, ...)."""
+    listing = json.loads(_flwr(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format",
+                                                                                 "json"], env or flwr_env()))
+    return dict(listing["runs"][0])
+
+
 def run_flower(
     overrides: dict[str, Any], out_dir: Path, *, num_supernodes: int | None = None, connection: str | None = None,
     stream: bool = True, timeout: float = 3600.0, env: dict[str, str] | None = None, simulation: bool = False,
@@ -89,17 +116,8 @@ def run_flower(
     env = env or flwr_env()
     out_dir = out_dir.resolve()  # the ServerApp's cwd is the SuperLink daemon's, not ours
     cfg = {**overrides, "out-dir": str(out_dir)} if app == ROOT else dict(overrides)
-    args = ["run", str(app)] + ([connection] if connection else []) + ["--format", "json"]
-    if cfg:
-        args += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())]
-    if num_supernodes is not None and (connection is None or simulation):
-        args += ["--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus=1"]
-    out = _flwr(args, env, timeout=120)
-    try:
-        submitted = json.loads(out[out.index("{"):])
-        run_id = int(submitted["run-id"])
-    except (ValueError, KeyError) as err:
-        raise FlowerRunError(f"could not read the run id from `flwr run` output: {out!r}") from err
+    run_id = submit_run(cfg, num_supernodes=num_supernodes, connection=connection, env=env, simulation=simulation,
+                        app=app)
     log_args = ["log", str(run_id)] + ([connection] if connection else []) + ["--stream"]
     proc = subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, capture_output=not stream, text=True, timeout=timeout, check=False)
     logs = (proc.stdout or "") + (proc.stderr or "")

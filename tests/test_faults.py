@@ -241,6 +241,10 @@ def test_fault_flags_are_checked_before_anything_starts() -> None:
     with pytest.raises(ValueError, match=r"only the killed node \(1\)"):
         FaultPlan(kill=NodeAtRound(1, 2), restart=NodeAtRound(0, 3)).check(3)
     assert FaultPlan(kill=NodeAtRound(1, 2)).signal is signal.SIGKILL
+    with pytest.raises(ValueError, match=r"--supervise needs --restart NODE@ROUND or --restart-after S"):
+        FaultPlan(kill=NodeAtRound(1, 2), supervise=5.0).check(3)
+    with pytest.raises(ValueError, match=r"--supervise must be > 0 seconds"):
+        FaultPlan(kill=NodeAtRound(1, 2), restart_after=1.0, supervise=0.0).check(3)
 
 
 # ---------------------------------------------------------------------------------------------- real deployments
@@ -361,4 +365,4 @@ def test_the_deploy_cli_refuses_a_bad_fault_before_starting_anything(capsys: pyt
     assert main(["--nodes", "3", "--kill", "5@2", "--", "dataset=synthetic", "num-server-rounds=2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --kill 5@2: node must be a partition id 0..2"
     assert main(["--nodes", "3", "--restart-after", "1", "--", "dataset=synthetic"]) == 2
-    assert "--restart / --restart-after need --kill NODE@ROUND" in capsys.readouterr().err
+    assert "--restart / --restart-after / --supervise need --kill NODE@ROUND" in capsys.readouterr().err
