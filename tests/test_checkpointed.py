@@ -146,22 +146,19 @@ def test_flower_strategies_and_wrappers_resume_to_the_same_model(name: str, tmp_
     assert sorted(resumed.evaluate_metrics_serverapp) == list(range(ROUNDS + 1))
 
 
-def test_the_state_is_not_vacuous(tmp_path: Path) -> None:
-    """FedAdam's moments are what makes the resumed run equal: without them (a fresh FedAdam loaded with the model
-    only) the run ends elsewhere."""
+def test_the_state_is_not_vacuous(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedAdam's moments are what makes the resumed run equal: resumed from the same round-2 checkpoint without
+    them (a fresh FedAdam given the model only), the run ends elsewhere."""
     from fedpdm_flower.strategies import checkpointed
 
     whole, _, _ = killed_and_resumed(FLOWER["FedAdam"], tmp_path)
+    _, died, _ = run(FLOWER["FedAdam"], tmp_path / "again", crash=3)
     real = checkpointed.load_layer_state
-    try:  # resume again from the same round-2 checkpoint, dropping FedAdam's m_t and v_t
-        checkpointed.load_layer_state = lambda layer, state: real(layer, {k: v for k, v in state.items()  # type: ignore[assignment]
-                                                                         if k not in ("m_t", "v_t")})
-        _, died, _ = run(FLOWER["FedAdam"], tmp_path / "again", crash=3)
-        _, lost, _ = run(FLOWER["FedAdam"], tmp_path / "again")
-    finally:
-        checkpointed.load_layer_state = real
+    monkeypatch.setattr(checkpointed, "load_layer_state", lambda layer, state: real(
+        layer, {k: v for k, v in state.items() if k not in ("m_t", "v_t")}))
+    _, lost, _ = run(FLOWER["FedAdam"], tmp_path / "again")
     assert died is None and lost is not None
-    assert not np.array_equal(lost.arrays["w"].numpy(), whole.arrays["w"].numpy())
+    assert not np.allclose(lost.arrays["w"].numpy(), whole.arrays["w"].numpy(), rtol=1e-3)
 
 
 def test_compressed_resumes_bit_for_bit_with_the_devices_error_memory(tmp_path: Path) -> None:

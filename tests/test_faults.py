@@ -247,6 +247,26 @@ def test_fault_flags_are_checked_before_anything_starts() -> None:
         FaultPlan(kill=NodeAtRound(1, 2), restart_after=1.0, supervise=0.0).check(3)
 
 
+def test_the_supervisor_log_is_read_back(tmp_path: Path) -> None:
+    """--supervise's retry loop stamps each attempt; supervisor_attempts reads them, describe_supervision says when
+    each started relative to the kill (the real loop runs in tests/test_resume_kill.py)."""
+    from types import SimpleNamespace
+
+    from simulations.faults import FaultEvent, describe_supervision, supervisor_attempts
+
+    log = tmp_path / "supernode-1.restart1.log"
+    log.write_text("[supervisor] attempt 1 started at 100.5\n...Exit Code: 305...\n"
+                   "[supervisor] attempt 1 exited with 1 at 110.0\n[supervisor] attempt 2 started at 115.25\nSuperNode ID: 7\n")
+    assert supervisor_attempts(log) == [{"attempt": 1, "started": 100.5, "exited": 110.0, "rc": 1},
+                                        {"attempt": 2, "started": 115.25, "exited": None, "rc": None}]
+    dep = SimpleNamespace(log_dir=tmp_path, _daemons=[SimpleNamespace(name="supernode-1")] * 2)
+    events = [FaultEvent("kill", 1, 2, 10.0, [1], wall=99.5), FaultEvent("restart", 1, 2, 11.0, [2], wall=100.5)]
+    assert describe_supervision(dep, events) == [  # type: ignore[arg-type]
+        "[fault] supervisor attempt 1: started 1.0 s after the kill, exit 1",
+        "[fault] supervisor attempt 2: started 15.8 s after the kill, still running"]
+    assert supervisor_attempts(tmp_path / "missing.log") == []
+
+
 # ---------------------------------------------------------------------------------------------- real deployments
 def _doc(path: Path | None) -> dict[str, Any]:
     assert path is not None and path.exists()

@@ -76,6 +76,8 @@ __all__ = ["Checkpointed", "layer_state", "load_layer_state", "strategy_chain"]
 
 #: the checkpoint document's ``kind``: a Checkpointed checkpoint, not the reproduction app's
 KIND = "fedpdm-flower/Checkpointed"
+#: settings that may differ between the killed and the resumed run: how long to wait, which changes no result
+FREE_SETTINGS = ("node_wait_s", "timeout")
 _SKIP = object()
 
 
@@ -131,12 +133,13 @@ def _setting(value: Any) -> Any:
 def layer_settings(layer: Strategy) -> dict[str, Any]:
     """A layer's settings as constructed: its scalar attributes (public and private) and its dataclass-valued ones.
 
-    Taken before round 1, when what a run changes (counters, clipping norms) still holds its initial value; a
-    FederatedStrategy's OS-drawn seed is left out (the resumed run adopts the checkpoint's).
+    Taken when the layer is wrapped, before round 1, when what a run changes (counters, clipping norms) still holds
+    its initial value. Left out: a FederatedStrategy's OS-drawn seed (the resumed run adopts the checkpoint's) and
+    the waiting times of :data:`FREE_SETTINGS`.
     """
     out = {}
     for name, value in vars(layer).items():
-        if isinstance(value, Strategy) or name in ("run_token", "resume_round"):
+        if isinstance(value, Strategy) or name in ("run_token", "resume_round", *FREE_SETTINGS):
             continue
         if name == "seed" and isinstance(layer, FederatedStrategy) and not layer.seed_was_given:
             continue

@@ -27,7 +27,7 @@ from resumeapp.task import evaluate, load_test, make_net
 torch.set_num_threads(1)
 app = ServerApp()
 #: run-config keys that may differ between the killed run and the resumed one (testing and output only)
-FREE = ("pid-file", "pause-at-round", "pause-file", "result-path")
+FREE = ("pid-file", "pause-at-round", "pause-when", "pause-file", "result-path")
 
 
 def build(rc: Mapping[str, Any]) -> Strategy:
@@ -47,27 +47,40 @@ def build(rc: Mapping[str, Any]) -> Strategy:
 
 
 class PausingGrid:
-    """Testing only: before the first message of round ``pause_at`` leaves, write this process's pid to ``path``
-    and wait (to be killed). The kill is a real SIGKILL of the ServerApp's process; the pause only picks its moment
-    (after round pause_at - 1's checkpoint, before any device saw round pause_at)."""
+    """Testing only: write this process's pid to ``path`` and wait (to be killed) either before the first message of
+    round ``pause_at`` leaves (``when="before"``: after round pause_at - 1's checkpoint, before any device saw round
+    pause_at) or once the devices' replies to round ``pause_at``'s train messages are in (``when="after-replies"``:
+    the devices did the round, the server never aggregated it). The kill is a real SIGKILL of the ServerApp's
+    process; the pause only picks its moment."""
 
-    def __init__(self, grid: Grid, pause_at: int, path: str) -> None:
-        self._grid, self._at, self._path = grid, pause_at, path
+    def __init__(self, grid: Grid, pause_at: int, path: str, when: str) -> None:
+        if when not in ("before", "after-replies"):
+            raise ValueError(f"pause-when must be 'before' or 'after-replies', got {when!r}")
+        self._grid, self._at, self._path, self._when = grid, pause_at, path, when
 
-    def _check(self, messages: list[Message]) -> list[Message]:
-        for m in messages:
-            cfg = m.content.config_records.get("config")
-            if cfg is not None and cfg.get("server-round") == self._at:
-                Path(self._path).write_text(f"{os.getpid()} {time.time()}")
-                while True:
-                    time.sleep(60)
-        return messages
+    def _ours(self, messages: list[Message]) -> bool:
+        return any((cfg := m.content.config_records.get("config")) is not None and cfg.get("server-round") == self._at
+                   and m.metadata.message_type == "train" for m in messages)
+
+    def _pause(self) -> None:
+        Path(self._path).write_text(f"{os.getpid()} {time.time()}")
+        while True:
+            time.sleep(60)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return self._grid.send_and_receive(self._check(list(messages)), timeout=timeout)
+        msgs = list(messages)
+        if self._when == "before" and self._ours(msgs):
+            self._pause()
+        replies = list(self._grid.send_and_receive(msgs, timeout=timeout))
+        if self._when == "after-replies" and self._ours(msgs):
+            self._pause()
+        return replies
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self._grid.push_messages(self._check(list(messages)))
+        msgs = list(messages)
+        if self._ours(msgs):
+            self._pause()
+        return self._grid.push_messages(msgs)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_grid":
@@ -87,7 +100,7 @@ def run(grid: Any, rc: Mapping[str, Any]) -> dict[str, Any]:
     inner = build(rc)
     strategy = Checkpointed(inner, str(rc["checkpoint-dir"]), config={k: v for k, v in rc.items() if k not in FREE})
     if int(rc["pause-at-round"]) > 0:
-        grid = PausingGrid(grid, int(rc["pause-at-round"]), str(rc["pause-file"]))
+        grid = PausingGrid(grid, int(rc["pause-at-round"]), str(rc["pause-file"]), str(rc["pause-when"]))
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(make_net(int(rc["seed"])).state_dict()),
                             num_rounds=int(rc["num-server-rounds"]), evaluate_fn=central_eval)
     out: dict[str, Any] = {
