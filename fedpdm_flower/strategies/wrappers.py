@@ -537,10 +537,12 @@ class SecureBuffers(StrategyWrapper):
         super().summary()
 
     def state_dict(self) -> dict[str, Any]:
-        """The buffers' randomness. What cannot resume is not kept: a round whose buffers were in flight is lost
-        (its masked uploads are useless without the unmask step, and a device that already masked in that round
-        refuses to mask it again), and the nodes' signed keys belong to the crashed run's label -- a resumed run
-        has a fresh label (:attr:`run_label`) and asks every node for a new key in its first round."""
+        """The buffers' randomness (so the checkpoint, like a seed, lets whoever reads it predict the next buffers:
+        it belongs in the server operator's own directory). What cannot resume is not kept: a round whose buffers
+        were in flight is lost (its masked uploads are useless without the unmask step, and a device that already
+        masked in that round refuses to mask it again), and the nodes' signed keys belong to the crashed run's
+        label -- a resumed run has a fresh label (:attr:`run_label`) and asks every node for a new key in its first
+        round."""
         return {"buffer_rng": generator_state(self._buffer_rng)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
