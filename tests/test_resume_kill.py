@@ -214,7 +214,8 @@ def test_flower_secure_robust_killed_resumes_within_tolerance(tmp_path: Path) ->
     assert rel_diff(out, truth) < 1e-3
     assert accuracy(out) == pytest.approx(accuracy(truth), abs=0.02)
     assert accuracy(out)["4"] > 0.5
-    # the devices' secure state went through the snapshots: every node's last masked round is 4
+    # the devices' secure state went through the snapshots, under the killed run's token: each node's two latest
+    # snapshots are of the resumed rounds
     for node in range(nodes):
         snaps = sorted((tmp_path / "devices").glob(f"run-{out['token']}/node-{node}/round-*.state"))
         assert [p.name for p in snaps] == ["round-000003.state", "round-000004.state"]
