@@ -313,6 +313,43 @@ def test_a_secure_round_in_flight_is_lost_never_masked_twice(tmp_path: Path) -> 
     assert res2.train_metrics_clientapp[3]["secure.buffers"] == 2.0
 
 
+def test_distributed_dp_devices_keep_their_floor_across_a_restart(tmp_path: Path) -> None:
+    """DistributedDP (z = 1) with devices whose own Skellam ledger allows epsilon 8: two releases cost 7.09, so the
+    uninterrupted run's devices refuse round 3. Killed before round 3 and resumed, the devices' ledgers come back
+    through their snapshots and they refuse round 3 the same way, and the server's accountant goes on from its two
+    releases. Without the snapshots the devices' ledgers would restart at zero and they would release a third time,
+    past their own epsilon: the floor holds only because the ledger is carried over."""
+    from fedpdm_flower.clients.distributed_dp import DeviceSkellam
+    from fedpdm_flower.strategies.distributed_dp import DistributedDP
+
+    n, keys = 8, _keys(tmp_path, 8)
+
+    def app(snapshots: bool) -> ClientApp:
+        mod = secure_buffers_mod(
+            identity=lambda ctx: NodeIdentity.load(keys / f"node-{ctx.node_config['partition-id']}.pem"),
+            trust_store=lambda ctx: TrustStore.load(keys / "trust.json"),
+            distributed_dp=DeviceSkellam(min_noise_multiplier=0.5, max_epsilon=8.0))
+        return user_app(mods=[persistent_state_mod(str(tmp_path / "devices")), mod] if snapshots else [mod])
+
+    def make() -> Strategy:
+        return DistributedDP(FedAvg(fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n), epsilon=100.0,
+                             num_rounds=3, noise_multiplier=1.0, buffer_size=4)
+
+    _, whole, _ = run(make, tmp_path / "whole", app=app(False), nodes=n, rounds=3)
+    assert run(make, tmp_path / "resumed", app=app(True), nodes=n, rounds=3, crash=3)[1] is None
+    strategy, resumed, _ = run(make, tmp_path / "resumed", app=app(True), nodes=n, rounds=3)
+    assert whole is not None and resumed is not None and strategy.resumed_from == 2
+    for res in (whole, resumed):
+        m = res.train_metrics_clientapp
+        assert [m[r]["secure.buffers"] for r in (1, 2, 3)] == [2.0, 2.0, 0.0] and m[3]["secure.dropped"] == n
+    assert resumed.train_metrics_clientapp[3]["ddp.epsilon"] == pytest.approx(
+        whole.train_metrics_clientapp[3]["ddp.epsilon"], rel=1e-12)
+    # the control: the same restart, devices without snapshots, release in round 3 past their own epsilon
+    assert run(make, tmp_path / "lost", app=app(False), nodes=n, rounds=3, crash=3)[1] is None
+    _, lost, _ = run(make, tmp_path / "lost", app=app(False), nodes=n, rounds=3)
+    assert lost is not None and lost.train_metrics_clientapp[3]["secure.buffers"] == 2.0
+
+
 # ----------------------------------------------------------------------------------------------- BSDP-FedPDM
 def _pdm_app() -> tuple[Any, Callable[..., Any]]:
     app_dir = str(Path(__file__).resolve().parent / "resumeapp")
