@@ -102,9 +102,10 @@ def killed_and_resumed(make: Callable[[], Strategy], tmp: Path, *, crash: int = 
     return whole, resumed, strategy
 
 
-def same_result(a: Result, b: Result, rel: float = 0.0) -> None:
+def same_result(a: Result, b: Result, rel: float = 0.0, metrics_rel: float | None = None) -> None:
     """The model and every round's metrics: bit for bit (``rel`` 0), or within ``rel`` (relative L2 of the model,
-    relative per metric)."""
+    relative per metric; ``metrics_rel`` for the metrics if it differs)."""
+    metrics_rel = rel if metrics_rel is None else metrics_rel
     assert list(a.arrays) == list(b.arrays)
     for k in a.arrays:
         x, y = a.arrays[k].numpy(), b.arrays[k].numpy()
@@ -115,7 +116,7 @@ def same_result(a: Result, b: Result, rel: float = 0.0) -> None:
             assert np.linalg.norm(x.astype(np.float64) - y) <= rel * np.linalg.norm(y.astype(np.float64)), k
     for field in ("train_metrics_clientapp", "evaluate_metrics_clientapp", "evaluate_metrics_serverapp"):
         ma, mb = ({(r, k): v for r, m in getattr(res, field).items() for k, v in m.items()} for res in (a, b))
-        assert ma == (mb if rel == 0.0 else pytest.approx(mb, rel=rel))
+        assert ma == (mb if metrics_rel == 0.0 else pytest.approx(mb, rel=metrics_rel))
 
 
 def fedavg() -> FedAvg:
@@ -140,9 +141,11 @@ def test_flower_strategies_and_wrappers_resume_to_the_same_model(name: str, tmp_
     """A run killed before round 3 and resumed ends as the run that never stopped: within 1e-6 relative. Not bit
     for bit: Flower's FedAvg draws its sample with Python's global ``random`` (never written down), so the resumed
     run gets the same four nodes in another order and sums their models in another order (two uninterrupted runs
-    differ the same way). Our Robust sorts its rows by node, so that chain is equal bit for bit."""
+    differ the same way). Our Robust sorts its rows by node, so that chain's model is equal bit for bit; the clients'
+    metrics are aggregated by Flower's ``aggregate_metricrecords`` in reply order, equal to the last bits."""
     whole, resumed, _ = killed_and_resumed(FLOWER[name], tmp_path)
-    same_result(whole, resumed, rel=0.0 if name.startswith("Robust") else 1e-6)
+    robust = name.startswith("Robust")
+    same_result(whole, resumed, rel=0.0 if robust else 1e-6, metrics_rel=1e-12 if robust else None)
     assert sorted(resumed.evaluate_metrics_serverapp) == list(range(ROUNDS + 1))
 
 
@@ -171,13 +174,15 @@ def test_compressed_resumes_bit_for_bit_with_the_devices_error_memory(tmp_path: 
     def make() -> Strategy:
         return Compressed(fedavg(), uplink=TopK(0.2), downlink=TopK(0.5), seed=1)
 
-    whole, resumed, _ = killed_and_resumed(make, tmp_path, app=app)
+    whole, resumed, strategy = killed_and_resumed(make, tmp_path, app=app)
     x, y = whole.arrays["w"].numpy(), resumed.arrays["w"].numpy()
     assert np.linalg.norm(x - y) <= 1e-6 * np.linalg.norm(x)
     assert {r: m["loss"] for r, m in resumed.evaluate_metrics_serverapp.items()} == pytest.approx(
         {r: m["loss"] for r, m in whole.evaluate_metrics_serverapp.items()}, rel=1e-6)
-    down = {r: m["compress.down_bytes"] for r, m in resumed.train_metrics_clientapp.items()}
-    dense = {r: m["compress.down_dense_bytes"] for r, m in resumed.train_metrics_clientapp.items()}
+    # the wrapper's own figures (never in the Result, which holds the clients' metrics), rounds 1-2 from the checkpoint
+    assert sorted(strategy.diagnostics) == list(range(1, ROUNDS + 1))
+    down = {r: m["compress.down_bytes"] for r, m in strategy.diagnostics.items()}
+    dense = {r: m["compress.down_dense_bytes"] for r, m in strategy.diagnostics.items()}
     assert down[3] == dense[3] and down[4] < dense[4]  # round 3 (the first resumed) dense, then compressed again
 
 
@@ -258,7 +263,8 @@ def test_central_dp_continues_its_accountant(tmp_path: Path) -> None:
     assert spent.num_releases == ROUNDS
     assert spent.epsilon == pytest.approx(truth.get_privacy_spent().epsilon, rel=1e-9)
     assert sorted(resumed.train_metrics_clientapp) == list(range(1, ROUNDS + 1))
-    assert resumed.train_metrics_clientapp[4]["central_dp.releases"] == float(ROUNDS)
+    assert sorted(strategy.diagnostics) == list(range(1, ROUNDS + 1))
+    assert strategy.diagnostics[4]["central_dp.releases"] == float(ROUNDS)
 
 
 def _keys(tmp: Path, n: int) -> Path:
@@ -299,8 +305,9 @@ def test_a_secure_round_in_flight_is_lost_never_masked_twice(tmp_path: Path) -> 
     result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=ROUNDS, evaluate_fn=eval_loss)
     losses = {r: m["loss"] for r, m in result.evaluate_metrics_serverapp.items()}
     assert losses[3] == losses[2] and losses[4] < losses[3]  # round 3 lost, round 4 trained
-    assert 3 not in result.train_metrics_clientapp or result.train_metrics_clientapp[3].get("secure.buffers", 0) == 0
-    assert result.train_metrics_clientapp[4]["secure.buffers"] == 2.0
+    figures = strategy.diagnostics
+    assert figures[3].get("secure.buffers", 0) == 0 and figures[4]["secure.buffers"] == 2.0
+    assert [figures[r]["secure.buffers"] for r in (1, 2)] == [2.0, 2.0]  # the crashed run's, from the checkpoint
     # without the devices' snapshots they would have masked round 3 again (over new buffers): the second sum of the
     # same updates the monotone record prevents
     again = Checkpointed(make(), tmp_path / "ckpt2")
@@ -308,9 +315,9 @@ def test_a_secure_round_in_flight_is_lost_never_masked_twice(tmp_path: Path) -> 
         again.start(grid=CrashingGrid(_secure_app(tmp_path / "x", keys, snapshots=False), 6, at=3, after=True),
                     initial_arrays=initial(), num_rounds=ROUNDS, evaluate_fn=eval_loss)
     again = Checkpointed(make(), tmp_path / "ckpt2")
-    res2 = again.start(grid=CrashingGrid(_secure_app(tmp_path / "x", keys, snapshots=False), 6),
-                       initial_arrays=initial(), num_rounds=ROUNDS, evaluate_fn=eval_loss)
-    assert res2.train_metrics_clientapp[3]["secure.buffers"] == 2.0
+    again.start(grid=CrashingGrid(_secure_app(tmp_path / "x", keys, snapshots=False), 6),
+                initial_arrays=initial(), num_rounds=ROUNDS, evaluate_fn=eval_loss)
+    assert again.diagnostics[3]["secure.buffers"] == 2.0
 
 
 def test_distributed_dp_devices_keep_their_floor_across_a_restart(tmp_path: Path) -> None:
@@ -335,19 +342,19 @@ def test_distributed_dp_devices_keep_their_floor_across_a_restart(tmp_path: Path
         return DistributedDP(FedAvg(fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n), epsilon=100.0,
                              num_rounds=3, noise_multiplier=1.0, buffer_size=4)
 
-    _, whole, _ = run(make, tmp_path / "whole", app=app(False), nodes=n, rounds=3)
+    uninterrupted, whole, _ = run(make, tmp_path / "whole", app=app(False), nodes=n, rounds=3)
     assert run(make, tmp_path / "resumed", app=app(True), nodes=n, rounds=3, crash=3)[1] is None
     strategy, resumed, _ = run(make, tmp_path / "resumed", app=app(True), nodes=n, rounds=3)
     assert whole is not None and resumed is not None and strategy.resumed_from == 2
-    for res in (whole, resumed):
-        m = res.train_metrics_clientapp
+    for s in (uninterrupted, strategy):
+        m = s.diagnostics
         assert [m[r]["secure.buffers"] for r in (1, 2, 3)] == [2.0, 2.0, 0.0] and m[3]["secure.dropped"] == n
-    assert resumed.train_metrics_clientapp[3]["ddp.epsilon"] == pytest.approx(
-        whole.train_metrics_clientapp[3]["ddp.epsilon"], rel=1e-12)
+    assert strategy.diagnostics[3]["ddp.epsilon"] == pytest.approx(uninterrupted.diagnostics[3]["ddp.epsilon"],
+                                                                   rel=1e-12)
     # the control: the same restart, devices without snapshots, release in round 3 past their own epsilon
     assert run(make, tmp_path / "lost", app=app(False), nodes=n, rounds=3, crash=3)[1] is None
-    _, lost, _ = run(make, tmp_path / "lost", app=app(False), nodes=n, rounds=3)
-    assert lost is not None and lost.train_metrics_clientapp[3]["secure.buffers"] == 2.0
+    lost, res_lost, _ = run(make, tmp_path / "lost", app=app(False), nodes=n, rounds=3)
+    assert res_lost is not None and lost.diagnostics[3]["secure.buffers"] == 2.0
 
 
 # ----------------------------------------------------------------------------------------------- BSDP-FedPDM
@@ -419,6 +426,76 @@ def test_a_release_in_a_redone_round_stays_spent(tmp_path: Path) -> None:
         assert (b[cid]["eps_gdp"] > a[cid]["eps_gdp"]) == bool(extra)
 
 
+# ----------------------------------------------------------------------------------------------- Flower's Result
+def same_fields(a: Result, b: Result, *, metrics_rel: float) -> None:
+    """Field by field: the same model (bit for bit) and, in each metrics field, the same rounds with the same keys,
+    the values equal within ``metrics_rel``."""
+    same_result(a, b, rel=0.0, metrics_rel=metrics_rel)
+    for field in ("train_metrics_clientapp", "evaluate_metrics_clientapp", "evaluate_metrics_serverapp"):
+        fa, fb = getattr(a, field), getattr(b, field)
+        assert sorted(fa) == sorted(fb), field
+        assert all(sorted(fa[r]) == sorted(fb[r]) for r in fa), field
+
+
+def test_a_resumed_result_is_the_strategys_own_start_result(tmp_path: Path) -> None:
+    """A run killed after round 2 and resumed returns, field by field, the Result that the strategy's own ``start``
+    (no Checkpointed, never stopped) returns: the model, the clients' aggregated train and evaluate metrics (the
+    user's train_config and evaluate_config reach the devices in the resumed rounds too) and the user's
+    evaluate_fn figures, round 0 included. Robust(FedAvg) (Flower's strategy under our wrapper, its model equal bit
+    for bit) and BSDP-FedPDM (ours, its own bookkeeping under the hook)."""
+    cfg = {"train_config": ConfigRecord({"user-tag": 7.0}), "evaluate_config": ConfigRecord({"user-eval-tag": 3.0})}
+
+    def make() -> Strategy:
+        return Robust(FedAvg(fraction_evaluate=1.0, min_available_nodes=N, min_train_nodes=N,
+                             min_evaluate_nodes=N), GeometricMedian())
+
+    truth = make().start(grid=LocalGrid(user_app(), N), initial_arrays=initial(), num_rounds=ROUNDS,
+                         evaluate_fn=eval_loss, **cfg)
+    died = Checkpointed(make(), tmp_path / "robust")
+    with pytest.raises(Crash):
+        died.start(grid=CrashingGrid(user_app(), N, at=3), initial_arrays=initial(), num_rounds=ROUNDS,
+                   evaluate_fn=eval_loss, **cfg)
+    strategy = Checkpointed(make(), tmp_path / "robust")
+    resumed = strategy.start(grid=CrashingGrid(user_app(), N), initial_arrays=initial(), num_rounds=ROUNDS,
+                             evaluate_fn=eval_loss, **cfg)
+    assert strategy.resumed_from == 2
+    same_fields(truth, resumed, metrics_rel=1e-12)  # Flower sums the clients' metrics in reply order
+    assert sorted(resumed.evaluate_metrics_serverapp) == list(range(ROUNDS + 1))
+    # the tags are the same on every device: their weighted mean is the tag, to the last bits
+    assert [resumed.train_metrics_clientapp[r]["user_tag"] for r in range(1, ROUNDS + 1)] == pytest.approx([7.0] * 4)
+    assert [resumed.evaluate_metrics_clientapp[r]["user_eval_tag"] for r in range(1, ROUNDS + 1)] == pytest.approx(
+        [3.0] * 4)
+
+    import tomllib
+
+    app, build = _pdm_app()
+    from resumeapp.task import evaluate, load_test, make_net
+
+    rc = {**tomllib.loads((Path(__file__).resolve().parent / "resumeapp" / "pyproject.toml").read_text())["tool"][
+        "flwr"]["app"]["config"], "mode": "fedpdm", "epsilon": 30.0, "state-dir": str(tmp_path / "devices"),
+          "samples-per-node": 60}
+    net, test = make_net(0), load_test()
+
+    def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        net.load_state_dict(arrays.to_torch_state_dict())
+        loss_, acc = evaluate(net, test)
+        return MetricRecord({"loss": loss_, "accuracy": acc})
+
+    def pdm(grid: LocalGrid, strategy: Strategy) -> Result:
+        return strategy.start(grid=grid, initial_arrays=ArrayRecord(make_net(7).state_dict()), num_rounds=ROUNDS,
+                              evaluate_fn=central)
+
+    truth = pdm(LocalGrid(app, 4, run_config={**rc, "state-dir": ""}), build(rc))
+    with pytest.raises(Crash):
+        pdm(CrashingGrid(app, 4, at=3, run_config=rc), Checkpointed(build(rc), tmp_path / "pdm"))
+    strategy = Checkpointed(build(rc), tmp_path / "pdm")
+    resumed = pdm(CrashingGrid(app, 4, run_config=rc), strategy)
+    assert strategy.resumed_from == 2
+    same_fields(truth, resumed, metrics_rel=0.0)
+    assert sorted(resumed.train_metrics_clientapp) == list(range(1, ROUNDS + 1))
+    assert sorted(resumed.evaluate_metrics_serverapp) == list(range(ROUNDS + 1))
+
+
 # ----------------------------------------------------------------------------------------------- refusals
 def test_another_configuration_is_refused_naming_what_differs_and_nothing_is_written(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
@@ -479,6 +556,13 @@ def test_bad_arguments_are_refused_before_round_one(tmp_path: Path) -> None:
         Robust(Checkpointed(fedavg(), tmp_path), GeometricMedian())
     with pytest.raises(TypeError, match="config values must be numbers"):
         Checkpointed(fedavg(), tmp_path, config={"x": [1, 2]})
+    from fedpdm_flower.strategies.flower_builtin import FlwrFedAvg
+
+    with pytest.raises(ValueError, match="FlwrFedAvg cannot resume from a checkpoint: the reproduction app's baselines"):
+        Checkpointed(FlwrFedAvg(), tmp_path)
+    with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+        Checkpointed(fedavg(), tmp_path / "t").start(grid=LocalGrid(user_app(), N), initial_arrays=initial(), timeout=0)
+    assert not (tmp_path / "t").exists()
 
     class Odd(FedAvg):
         def __init__(self) -> None:

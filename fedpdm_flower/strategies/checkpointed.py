@@ -70,7 +70,8 @@ from fedpdm_flower.fedapp.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from fedpdm_flower.strategies.base import ROUND_KEY, RUN_TOKEN_KEY, EvaluateFn, FederatedStrategy
+from fedpdm_flower.strategies.base import ROUND_KEY, RUN_TOKEN_KEY, EvaluateFn, FederatedStrategy, RoundBookkeeping
+from fedpdm_flower.strategies.wrappers import StrategyWrapper
 
 __all__ = ["Checkpointed", "layer_state", "load_layer_state", "strategy_chain"]
 
@@ -313,6 +314,10 @@ class Checkpointed(Strategy):
             if isinstance(layer, Checkpointed):
                 raise TypeError("Checkpointed must be the outermost strategy: it runs the rounds")
             why = getattr(layer, "resume_unsupported", None) if isinstance(layer, FederatedStrategy) else None
+            if isinstance(layer, RoundBookkeeping) and not isinstance(layer, FederatedStrategy):
+                why = ("the reproduction app's baselines around Flower's strategies keep their round records outside "
+                       "any state_dict; checkpoint Flower's own strategy (flwr.serverapp.strategy.FedAvg, FedProx, "
+                       "Krum, ...) instead")
             if why:
                 raise ValueError(f"{type(layer).__name__} cannot resume from a checkpoint: {why}")
         path = Path(directory).expanduser()
@@ -372,6 +377,8 @@ class Checkpointed(Strategy):
             out.update({f"{label}.{k}": v for k, v in settings.items()})
         for prefix, record in (("train_config", train_config), ("evaluate_config", evaluate_config)):
             for k, v in dict(record or {}).items():
+                if k == ROUND_KEY:  # Flower's configure_train writes the round into the user's record itself
+                    continue
                 out[f"{prefix}.{k}"] = _setting(v) if _setting(v) is not _SKIP else repr(v)
         out.update({f"config.{k}": _setting(v) for k, v in self.config.items()})
         return out
@@ -399,10 +406,19 @@ class Checkpointed(Strategy):
         """
         if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if not isinstance(initial_arrays, ArrayRecord):
             raise TypeError(f"initial_arrays must be a flwr ArrayRecord, got {type(initial_arrays).__name__}")
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        for layer in self.chain:  # what each layer's own start would set: StrategyWrapper.start, FederatedStrategy.start
+            if isinstance(layer, StrategyWrapper):
+                layer.run_timeout = float(timeout)
+                layer.check_user_config(train_config)
+            if isinstance(layer, FederatedStrategy):
+                layer.timeout = float(timeout)
+                layer.evaluate_config = dict(evaluate_config)
         fingerprint = self.fingerprint(initial_arrays, train_config, evaluate_config)
         saved = self._read(fingerprint, num_rounds)
         ours = self.innermost if isinstance(self.innermost, FederatedStrategy) else None
