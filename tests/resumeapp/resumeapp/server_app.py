@@ -110,6 +110,8 @@ def run(grid: Any, rc: Mapping[str, Any]) -> dict[str, Any]:
         "train": {str(r): {k: v for k, v in m.items() if isinstance(v, float | int)}
                   for r, m in result.train_metrics_clientapp.items()},
         "model": {k: v.numpy().tolist() for k, v in result.arrays.items()},
+        # the strategy's own figures of every round (our wrappers and strategies; none for Flower's FedAvg alone)
+        "diagnostics": {str(r): dict(m) for r, m in getattr(strategy, "diagnostics", {}).items()},
     }
     if isinstance(inner, BSDPFedPDM):
         spent = inner.privacy_spent()
