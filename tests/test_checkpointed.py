@@ -262,7 +262,8 @@ def test_central_dp_continues_its_accountant(tmp_path: Path) -> None:
     spent = strategy.privacy_spent()
     assert spent.num_releases == ROUNDS
     assert spent.epsilon == pytest.approx(truth.get_privacy_spent().epsilon, rel=1e-9)
-    assert sorted(resumed.train_metrics_clientapp) == list(range(1, ROUNDS + 1))
+    # every round's figures, rounds 1-2 from the checkpoint (the Result's train metrics skip a round whose secret
+    # sample drew nobody: no client metrics to aggregate, but the release happened)
     assert sorted(strategy.diagnostics) == list(range(1, ROUNDS + 1))
     assert strategy.diagnostics[4]["central_dp.releases"] == float(ROUNDS)
 
