@@ -181,12 +181,12 @@ def accuracy(out: dict[str, Any]) -> dict[str, float]:
 
 
 def _check_resumed(got: dict[str, Any], rounds: int, resumed_from: int) -> dict[str, Any]:
-    out = got["out"]
-    assert got["resumed"].status == "finished:completed"
+    out, log = got["out"], f"the resumed run's log:\n{got['resumed'].log[-6000:]}"
+    assert got["resumed"].status == "finished:completed", log
     assert got["killed_status"] != "finished:completed"  # the killed run never completed (running, then failed)
     assert got["checkpoint_at_kill"] == resumed_from and out["resumed_from"] == resumed_from
     assert sorted(int(r) for r in out["server"]) == list(range(rounds + 1))  # round 0's evaluation is the saved one
-    assert sorted(int(r) for r in out["train"]) == list(range(1, rounds + 1))
+    assert sorted(int(r) for r in out["train"]) == list(range(1, rounds + 1)), log
     return dict(out)
 
 
