@@ -8,9 +8,13 @@ first among its ClientApp's mods. Three strategies, in Flower's simulation engin
 * Flower's ``FedAvg`` -- deterministic given the seeds: the final model equals the uninterrupted run's within 1e-6
   (relative L2). The kill lands mid-round: the devices have answered round 2, the server has neither aggregated
   nor checkpointed it; the resumed run does round 2 again from round 1's checkpoint.
-* ``SecureBuffers(Robust(FedAvg))`` -- the masked uploads are rounded stochastically from the devices' OS
-  randomness, so not deterministic: the same rounds, the model within 1e-3 and every round's accuracy within
-  0.02 of the uninterrupted run's (6 nodes in two buffers of 3: a device refuses a buffer below 3).
+* ``SecureBuffers(Robust(FedAvg))`` -- not deterministic: the masked uploads are rounded stochastically from the
+  devices' OS randomness, and the buffers are drawn over the order of Flower's FedAvg sample (Python's unseeded
+  ``random``), so which nodes share a buffer -- and, with unequal weights, the buffer means the geometric median
+  sees -- differs from run to run. The same rounds, every buffer unmasked, the model within 1e-2 (three
+  uninterrupted in-process runs differ by 1.4e-4 to 1.7e-4, a killed and resumed run by 1.9e-3 once) and every
+  round's accuracy within 0.02 of the uninterrupted run's (6 nodes in two buffers of 3: a device refuses a buffer
+  below 3).
 * ``BSDPFedPDM`` with each device's Gaussian noise (GDP target epsilon 30 over the run) -- deterministic given the
   seeds: model within 1e-6, and the same privacy figures (every client's ledger, the server's accountants, every
   round's epsilon), which needs the devices' duals and ledgers carried over.
@@ -226,7 +230,7 @@ def test_flower_secure_robust_killed_resumes_within_tolerance(tmp_path: Path) ->
     # two buffers of 3 every round, both unmasked: the resumed run's first round asked every node for a new key
     assert all(m["secure.buffers"] == 2.0 and m["secure.buffers_discarded"] == 0.0 for m in out["diagnostics"].values())
     assert sorted(int(r) for r in out["diagnostics"]) == [1, 2, 3]  # round 1's from the checkpoint
-    assert rel_diff(out, truth) < 1e-3
+    assert rel_diff(out, truth) < 1e-2  # the buffers' members are drawn afresh (module docstring)
     assert accuracy(out) == pytest.approx(accuracy(truth), abs=0.02)
     assert learns(out, 3)
     # the devices' secure state went through the snapshots, under the killed run's token: each node's two latest
