@@ -12,7 +12,7 @@ import numpy as np
 
 from fedpdm_flower.fedapp.config import ConfigError, RunConfig
 from fedpdm_flower.fedapp.data.local_files import DATA_PATH_KEY
-from fedpdm_flower.fedapp.data.partition import load_partition, partition_indices
+from fedpdm_flower.fedapp.data.partition import cached_split, load_partition
 from fedpdm_flower.fedapp.data.sources import ArrayDataset, DatasetInfo, load_dataset
 from fedpdm_flower.fedapp.models.base import FloatArray, LinearModel, make_model
 
@@ -88,12 +88,12 @@ def node_dataset(cfg: RunConfig, node_config: Mapping[str, Any]) -> tuple[ArrayD
 
 def total_train_samples(cfg: RunConfig) -> int:
     """I = sum of the num-clients partition sizes (every DP-IADMM agent scales its loss by 1/I, spec 9.3)."""
-    train, _, _ = load_dataset(cfg.dataset, source=cfg.data_source)
-    parts = partition_indices(
-        train.y, cfg.partitioner, cfg.num_clients, cfg.seed, labels_per_client=cfg.labels_per_client,
-        samples_per_client=cfg.samples_per_client or None, dirichlet_alpha=cfg.dirichlet_alpha, groups=train.groups,
+    split = cached_split(
+        cfg.dataset, cfg.partitioner, cfg.num_clients, cfg.seed, cfg.data_source,
+        labels_per_client=cfg.labels_per_client, samples_per_client=cfg.samples_per_client or None,
+        dirichlet_alpha=cfg.dirichlet_alpha,
     )
-    return int(sum(len(p) for p in parts))
+    return int(split.sizes().sum())
 
 
 def build_model(cfg: RunConfig, info: DatasetInfo | None = None) -> LinearModel:
