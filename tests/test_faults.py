@@ -1,4 +1,4 @@
-"""A SuperNode that dies mid-run, and one that comes back (issue 15, "Faults").
+"""A SuperNode that dies mid-run, and one that comes back (docs/deployment.md, "Faults").
 
 Two parts:
 
@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
+from test_deployment_secure import plain_http_reply
 
 from fedpdm_flower.fedapp.config import parse_run_config
 from fedpdm_flower.fedapp.runner import build_strategy
@@ -263,6 +264,10 @@ def _fault_run(tmp_path: Path, n: int, overrides: dict[str, Any], plan: FaultPla
     from simulations.faults import run_with_faults
 
     with local_deployment(n, flwr_home=tmp_path / "flwr-home", secure=secure, startup_timeout=90) as dep:
+        if not secure:  # the insecure opt-in, by name: no PKI, no registered keys, plain text on the SuperLink's
+            # port (it answers plain HTTP: the probe that tests/test_deployment_secure.py expects to fail)
+            assert dep.pki is None and dep.node_ids == [] and not (tmp_path / "flwr-home" / "pki").exists()
+            assert plain_http_reply(int(dep.address.rsplit(":", 1)[1])).startswith(b"HTTP/1.1 ")
         fr = run_with_faults(dep, overrides, tmp_path / "out", plan, timeout=timeout)
         logs = {p.name: p for p in dep.log_dir.iterdir()}
         ids = {name: _node_id(p) for name, p in logs.items() if name.startswith("supernode-")}

@@ -53,8 +53,9 @@ class LocalSGDClient(BroadcastClient):
         Returns the local model with Q, eta^t and b.
         """
         eta, b = self.eta(cfg), self.batch_size(cfg)
+        data = self.training_data(self.private(cfg))
         res = local_sgd(
-            x0, self.require_data(), self.model, eta=eta, batch_size=b, max_steps=cfg.integer("max-steps", lo=1),
+            x0, data, self.model, eta=eta, batch_size=b, max_steps=cfg.integer("max-steps", lo=1),
             clip=self.clip(cfg), rng=self.rng(server_round), gamma=cfg.number("gamma", 0.0, lo=0.0), prox=prox,
             correction=correction, linear=linear,
         )

@@ -85,7 +85,8 @@ class IADMMClient(FedClient):
         * without privacy (epsilon-bar = inf) any model with ``dim``, ``grad`` and ``loss`` works.
 
         A message that asks for a mode the model does not support is refused with an error naming what is
-        missing. Models with BatchNorm are refused (the solver sets the whole vector; use GroupNorm).
+        missing. A model with BatchNorm trains without privacy (its buffers travel beside the vector,
+        :mod:`fedpdm_flower.clients.base`); a private round refuses it.
     data
         The local data D_p: ``(x, y)`` arrays or a torch ``Dataset`` / ``DataLoader``. Every local solve uses the
         full local data set (no mini-batches, as the paper).
@@ -109,6 +110,8 @@ class IADMMClient(FedClient):
     chunk_size
         Samples per gradient evaluation of a model other than the multinomial one (per-sample gradients hold
         chunk_size x d floats; default 256).
+    test_data, test_fn
+        Flower's federated evaluation (:meth:`fedpdm_flower.clients.base.FedClient.evaluate`).
 
     Examples
     --------
@@ -123,8 +126,8 @@ class IADMMClient(FedClient):
 
     def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Any = None, seed: int | None = None,
                  noise_seed: int = 0, device: str = "cpu", max_epsilon: float | None = None,
-                 chunk_size: int = 256) -> None:
-        super().__init__(model, data, loss_fn, context=context, seed=seed)
+                 chunk_size: int = 256, test_data: Any = None, test_fn: Any = None) -> None:
+        super().__init__(model, data, loss_fn, context=context, seed=seed, test_data=test_data, test_fn=test_fn)
         if self.data is None:
             raise ValueError(f"{type(self).__name__} needs the agent's local data")
         if isinstance(noise_seed, bool) or not isinstance(noise_seed, int) or noise_seed < 0:
@@ -133,6 +136,8 @@ class IADMMClient(FedClient):
             raise ValueError(f"device must be one of {list(DEVICES)}, got {device!r}")
         if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
             raise ValueError(f"max_epsilon must be a finite number > 0 or None, got {max_epsilon!r}")
+        if max_epsilon is not None:  # the device trains only with noise, so never with buffers
+            self.refuse_buffers_under_dp(f"this device sets a privacy floor (max_epsilon = {max_epsilon})")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
         self.noise_seed, self.device, self.max_epsilon, self.chunk_size = noise_seed, device, max_epsilon, chunk_size
@@ -256,6 +261,8 @@ class IADMMClient(FedClient):
         eta = cfg.number("eta", lo=0.0, lo_open=True)
         e_count = cfg.integer("local-updates", lo=1, hi=100_000)
         eps = self.epsilon(cfg)
+        if not math.isinf(eps):
+            self.refuse_buffers_under_dp()
         mode, clip = self.sensitivity(cfg)
         box = cfg.number("box", 0.0, lo=0.0)
         delta_prime = cfg.number("accounting-delta", 1e-6, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
@@ -317,6 +324,8 @@ class OutPClient(IADMMClient):
         t = cfg.integer("server-round", lo=1)
         rho = cfg.number("rho", lo=0.0, lo_open=True)
         eps = self.epsilon(cfg)
+        if not math.isinf(eps):
+            self.refuse_buffers_under_dp()
         delta = cfg.number("delta", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
         scale = cfg.number("eta-scale", lo=0.0, lo_open=True)
         order = cfg.choice("order", ("huang", "alg1"))

@@ -33,7 +33,7 @@ from fedpdm_flower.clients.secure import (
 )
 from fedpdm_flower.fedapp import secagg
 from fedpdm_flower.fedapp.compression.codecs import Codec, codec_from_spec
-from fedpdm_flower.fedapp.layout import ArrayLayout
+from fedpdm_flower.fedapp.layout import ArrayLayout, norm_buffer_names
 from fedpdm_flower.fedapp.secagg import (
     S_BUFFER,
     S_CLIP,
@@ -141,7 +141,7 @@ def _downlink(named: dict[str, NDArray[Any]], cfg: dict[str, Any], state: Record
         if REFERENCE not in state.array_records:
             raise ValueError("a compressed model change arrived but this device holds no reference model")
         held = _named(state.array_records[REFERENCE])
-        layout = ArrayLayout.of(held)
+        layout = _layout(held)
         old = layout.flatten(held)
         if cfg.get(BASE_CRC) != _crc(old):
             raise ValueError("the model change is against another reference than this device's (CRC differs)")
@@ -150,11 +150,17 @@ def _downlink(named: dict[str, NDArray[Any]], cfg: dict[str, Any], state: Record
         change = codec_from_spec(str(cfg[DOWNLINK])).decode(code, layout.dim)
         reference = layout.flatten(layout.unflatten(old + change, carried))
     else:
-        layout = ArrayLayout.of(named)
+        layout = _layout(named)
         reference = layout.flatten(named)
     if cfg.get(NEW_CRC) != _crc(reference):
         raise ValueError("the rebuilt model does not match the server's CRC")
     return reference, layout
+
+
+def _layout(named: Mapping[str, NDArray[Any]]) -> ArrayLayout:
+    """The flat vector the codec compresses: the model's entries but its normalisation buffers (BatchNorm statistics),
+    which travel as they are: error feedback would sum a statistic's change round after round and overshoot."""
+    return ArrayLayout.of(named, beside=norm_buffer_names(named))
 
 
 def _uplink(reply: Message, layout: ArrayLayout, reference: Any, codec: Any, state: RecordDict, error_feedback: bool,

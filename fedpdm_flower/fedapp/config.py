@@ -31,7 +31,7 @@ def debug_enabled() -> bool:
     """True when FEDAPP_DEBUG is set to anything but "", "0" or "false": failures then log their traceback too.
 
     Under `flwr run` the variable must be in the environment of the process that runs the app: for the local
-    simulation SuperLink that is the daemon's, so set it before the daemon starts (README, "When a run fails").
+    simulation SuperLink that is the daemon's, so set it before the daemon starts (docs/running.md, "When a run fails").
     """
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false")
 
@@ -79,7 +79,7 @@ class RunConfig:
     num_server_rounds: int = field(default=30, metadata=_key("num-server-rounds", lambda v: v >= 1))
     seed: int = field(default=0, metadata=_key("seed", _nonneg))
     out_dir: str = field(default="", metadata=_key("out-dir", None, "where results.json and the plot go"))
-    # ---- checkpoints and resume (fedpdm_flower/fedapp/checkpoint.py, README "Checkpoints and resume")
+    # ---- checkpoints and resume (fedpdm_flower/fedapp/checkpoint.py, docs/deployment.md "Checkpoints and resume")
     checkpoint: bool = field(default=True, metadata=_key("checkpoint", None, "write out-dir/checkpoint after every round"))
     resume: bool = field(default=False, metadata=_key("resume", None, "continue the run whose checkpoint is in out-dir"))
     client_state_dir: str = field(default="", metadata=_key(
@@ -94,13 +94,13 @@ class RunConfig:
     beta: float = field(default=0.5, metadata=_key("beta", _nonneg))
     # Paper: gamma = 0.5. With pixel features in [0, 1] that makes X = 0 the stationary point (the data term's
     # gradient per coordinate is < 0.05 < gamma; measured: an all-zero model, 9.8 % accuracy), so we default to
-    # 0.005 and scale the gamma grid of Fig. 6 by 1/100 (README, "Deviations").
+    # 0.005 and scale the gamma grid of Fig. 6 by 1/100 (docs/fedpdm.md, "Deviations").
     gamma: float = field(default=0.005, metadata=_key("gamma", _nonneg))
     max_local_steps: int = field(default=10, metadata=_key("max-local-steps", lambda v: v >= 1))
     init_std: float = field(default=0.01, metadata=_key("init-std", _nonneg))
     dp: bool = field(default=True, metadata=_key("dp"))
     # "gdp": noise that meets (epsilon-total, delta) exactly for one record, over every round (GaussianTarget);
-    # "eq36": the paper's calibration (36), whose figure a rigorous accountant does not confirm (README)
+    # "eq36": the paper's calibration (36), whose figure a rigorous accountant does not confirm (docs/fedpdm.md)
     dp_calibration: str = field(default="gdp", metadata=_key("dp-calibration", _choice("gdp", "eq36")))
     epsilon_total: float = field(default=8.0, metadata=_key("epsilon-total", _positive))
     delta: float = field(default=1e-5, metadata=_key("delta", _prob))

@@ -37,7 +37,9 @@ Cryptography (nothing home-made):
 
 Encoding: clip to ``[-c, c]`` (``c = 8``), stochastic rounding of ``(x + c)(Q - 1)/(2c)`` with ``Q = 2^22``
 levels, modulus ``M = 2^32``; ``s * Q < M`` is required so a buffer sum never wraps. The decoded mean is within
-``2c/(Q - 1)`` (about 3.8e-6) of the mean of the clipped inputs, and unbiased.
+``2c/(Q - 1)`` (about 3.8e-6) of the mean of the clipped inputs, and unbiased. Clipping is never silent: with
+:data:`S_COUNT` each member appends the number of its coordinates beyond ``c`` (:func:`encode_counted`), and the
+server reports the buffer totals each round.
 
 Caller obligations: a member masks at most one vector per (key pair, label) -- a fresh key pair per round and one
 masked upload per round guarantee it (two uploads under the same masks would reveal the difference of the two
@@ -79,6 +81,7 @@ __all__ = [
     "default_threshold",
     "dequantize",
     "derive",
+    "encode_counted",
     "encode_exact",
     "encrypt_share",
     "expand_mask",
@@ -94,6 +97,7 @@ __all__ = [
     "round_label",
     "self_mask",
     "signing_statement",
+    "split_counted",
     "split_secret",
     "tail_size",
     "threshold_masked_upload",
@@ -116,6 +120,9 @@ S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_S
     "secure.phase", "secure.run", "secure.round", "secure.buffer", "secure.members", "secure.threshold",
     "secure.clip", "secure.levels", "secure.survivors", "secure.dropped",
 )
+#: config key of a mask request: true when each member appends to its quantized vector the number of its
+#: coordinates the fixed-point code clipped (:func:`encode_counted`), so the buffer sum reports them
+S_COUNT = "secure.count-clipped"
 #: the names of the protocol's ArrayRecord and (in key replies) ConfigRecord
 S_RECORD, S_INFO = "secure", "secure-info"
 #: config keys of a mask request that asks the device to carry its train metrics in the masked vector (SecureBuffers,
@@ -298,6 +305,34 @@ def quantize(
     up = rng.random(values.shape) < (scaled - floor)
     rounded: NDArray[np.float64] = np.minimum(floor + up, levels - 1)
     return rounded.astype(np.uint32)
+
+
+def encode_counted(
+    x: ArrayLike, members: int, rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS
+) -> NDArray[np.uint32]:
+    """:func:`quantize` of ``x`` with one more entry: how many coordinates had ``|x_j| > clip`` and were clipped.
+
+    The count travels on the ring like any entry, so a buffer's unmasked sum holds the buffer's total in its last
+    entry (:func:`split_counted`): the server learns how many coordinates of the buffer did not fit, never whose.
+    ``members`` is the buffer size (a sum of ``members`` quantized entries and counts must not wrap).
+    """
+    values = np.asarray(x, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"x must be 1-D, got shape {values.shape}")
+    _check_capacity(members, levels)
+    if members * (values.size + 1) >= MODULUS:
+        raise ValueError(f"a buffer of {members} cannot count clipped entries of {values.size} coordinates mod 2^32")
+    q = quantize(values, rng, clip, levels)  # NaN raises here
+    clipped = int(np.count_nonzero(np.abs(values) > clip))
+    return np.append(q, np.uint32(clipped)).astype(np.uint32)
+
+
+def split_counted(total: ArrayLike) -> tuple[NDArray[np.uint32], int]:
+    """(the quantized sum, the number of clipped coordinates) of a buffer sum of :func:`encode_counted` vectors."""
+    t = np.asarray(total, dtype=np.uint32)
+    if t.ndim != 1 or t.size < 1:
+        raise ValueError("a counted sum has at least its count entry")
+    return t[:-1], int(t[-1])
 
 
 def dequantize(

@@ -6,7 +6,13 @@ every algorithm needs the same way:
 * **the model**: :meth:`FederatedStrategy.initialize` takes the user's ``ArrayRecord`` (any torch state dict or
   list of numpy arrays) and keeps one float64 vector x of its floating-point entries
   (:class:`fedpdm_flower.fedapp.layout.ArrayLayout`); :meth:`current_arrays` gives the user's layout back (names, shapes and
-  dtypes as given; integer entries carried unchanged). No model name or dimension is needed up front;
+  dtypes as given). No model name or dimension is needed up front;
+* **buffers**: the entries beside x -- integer entries such as BatchNorm's ``num_batches_tracked`` and, with
+  ``BUFFERS = "beside"`` (every algorithm but FedREP), the normalisation layers' running statistics
+  (:func:`fedpdm_flower.fedapp.layout.norm_buffer_names`) -- never enter the algorithm's vector (no prox, dual, control
+  variate, sparsifier or noise moves them). Each train message carries them in a ``"buffers"`` record, the clients
+  reply with theirs after training, and the server takes their mean weighted by ``num-examples``, as Flower's
+  FedAvg does, casting integer entries back to integers (rounded to the nearest; :meth:`aggregate_buffers`);
 * **the federation**: waiting for ``min_available_nodes``, learning which node is which client (a
   ``query.whoami`` that our client apps answer with the node's ``partition-id``; nodes that cannot answer get ids
   by the order of their node ids), seeded sampling of ``fraction_train`` of them per round, and giving a client
@@ -45,7 +51,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -53,10 +59,10 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from numpy.typing import NDArray
 
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
-from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
+from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch, norm_buffer_names
 from fedpdm_flower.fedapp.results import RoundRecord
 from fedpdm_flower.fedapp.sampling import STREAM_EVALUATE, rng_for, select_clients
-from fedpdm_flower.fedapp.wire import recorddict_nbytes, train_content
+from fedpdm_flower.fedapp.wire import BUFFERS_KEY, named_record, recorddict_nbytes, train_content
 
 Scalar = int | float | str | bool
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -179,8 +185,8 @@ def arrays_of(record: ArrayRecord) -> dict[str, NDArray[Any]]:
 
 
 def record_of(arrays: Mapping[str, NDArray[Any]]) -> ArrayRecord:
-    """An ArrayRecord holding ``arrays`` under their names, in order."""
-    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})  # keeps 0-d arrays 0-d
+    """An ArrayRecord holding ``arrays`` under their names, in order (0-d arrays stay 0-d)."""
+    return named_record(arrays)
 
 
 def _metric_ok(value: Any) -> bool:
@@ -763,6 +769,11 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
     #: not such data. Values recomputed each round from these, from ``seed`` or from the round number (the sampled
     #: clients, step sizes, a cached encoding of this round's downlink) need not be listed.
     CHECKPOINT_ATTRS: tuple[str, ...] = ()
+    #: where the model's floating-point buffers (BatchNorm statistics) live: "beside" the algorithm's vector,
+    #: aggregated as FedAvg does (every algorithm but FedREP), or "in-vector" (FedREP's w, spec 11.2)
+    BUFFERS: str = "beside"
+    #: whether train messages carry the server's buffers (a decentralized algorithm's nodes own theirs)
+    SEND_BUFFERS: bool = True
     #: Why this strategy cannot resume from a checkpoint (None: it can). Set by a family whose server state is not
     #: (yet) in CHECKPOINT_ATTRS or depends on secrets that are never written down.
     resume_unsupported: str | None = None
@@ -780,6 +791,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             "seed": self.seed,
             "dim": self.dim,
             "x": self.x,
+            "buffers": dict(self._carried),
             "run_token": self.run_token,
             "bookkeeping": self.bookkeeping_state(),
             "algorithm": {name: getattr(self, name) for name in self.CHECKPOINT_ATTRS},
@@ -802,6 +814,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if missing:
             raise ValueError(f"the checkpoint lacks {type(self).__name__}'s state {missing}")
         self.x = x
+        if "buffers" in state:  # the entries beside x as the last round left them
+            self._carried = self.checked_buffers({str(k): np.asarray(v) for k, v in state["buffers"].items()})
         self.load_bookkeeping_state(state["bookkeeping"])
         self.run_token = state["run_token"]
         self.resume_round = int(state["round"])
@@ -821,7 +835,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if not isinstance(initial_arrays, ArrayRecord):
             raise TypeError(f"initial_arrays must be a flwr ArrayRecord, got {type(initial_arrays).__name__}")
         arrays = arrays_of(initial_arrays)
-        self.layout = ArrayLayout.of(arrays)
+        self.layout = ArrayLayout.of(arrays, beside=norm_buffer_names(arrays) if self.BUFFERS == "beside" else ())
         self._carried = {e.name: arrays[e.name] for e in self.layout.entries if not e.in_vector}
         x = self.layout.flatten(arrays)
         if not np.all(np.isfinite(x)):
@@ -846,6 +860,68 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if self.layout is None:
             raise RuntimeError("the strategy has no model yet: call start(...) or initialize(...) first")
         return record_of(self.layout.unflatten(self.global_model(), self._carried))
+
+    # ------------------------------------------------------------------ buffers (entries beside x)
+    def sends_buffers(self) -> bool:
+        """Whether train messages carry the server's buffers: ``SEND_BUFFERS`` and a model with entries beside x,
+        buffers kept beside the algorithm's vector (``BUFFERS = "beside"``)."""
+        return self.SEND_BUFFERS and self.BUFFERS == "beside" and bool(self._carried)
+
+    def checked_buffers(self, arrays: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
+        """``arrays`` as the model's entries beside x: exactly their names, their shapes, finite numbers (a reply is
+        untrusted input; MalformedPayload names what is wrong)."""
+        assert self.layout is not None
+        want = {e.name: e for e in self.layout.entries if not e.in_vector}
+        if sorted(arrays) != sorted(want):
+            raise MalformedPayload(f"buffers record has entries {sorted(arrays)[:6]}, the model's are "
+                                   f"{sorted(want)[:6]}")
+        out = {}
+        for name, e in want.items():
+            a = np.asarray(arrays[name])
+            if tuple(a.shape) != e.shape:
+                raise MalformedPayload(f"buffer {name!r} has shape {tuple(a.shape)}, expected {e.shape}")
+            if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+                raise MalformedPayload(f"buffer {name!r} has dtype {a.dtype}: not numeric")
+            if not np.all(np.isfinite(a)):
+                raise MalformedPayload(f"buffer {name!r} holds non-finite values")
+            out[name] = a
+        return out
+
+    def decode_buffers(self, content: RecordDict) -> dict[str, NDArray[Any]] | None:
+        """A reply's buffers (the record :data:`~fedpdm_flower.fedapp.wire.BUFFERS_KEY`), checked; None when it carries
+        none (a numpy model; a decentralized node that does not share them) or the model has no entries beside x."""
+        record = content.array_records.get(BUFFERS_KEY)
+        if record is None or self.BUFFERS != "beside" or not self._carried:
+            return None
+        return self.checked_buffers(arrays_of(record))
+
+    def aggregate_buffers(self, buffers: Mapping[int, Mapping[str, NDArray[Any]]],
+                          metrics: Mapping[int, Mapping[str, Any]]) -> None:
+        """The entries beside x after the round: FedAvg's mean of the accepted replies' buffers weighted by their
+        ``num-examples`` (equal weights unless every weight is a positive number), each entry cast back to its
+        dtype -- integer entries rounded to the nearest integer, booleans by majority. Unchanged without replies
+        that carry buffers."""
+        if not buffers:
+            return
+        clients = sorted(buffers)
+        w = [metrics.get(c, {}).get("num-examples") for c in clients]
+        weights = (np.asarray(w, dtype=np.float64) if all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                          and v > 0 for v in w) else np.ones(len(clients)))
+        weights = weights / weights.sum()
+        assert self.layout is not None
+        out: dict[str, NDArray[Any]] = {}
+        for e in self.layout.entries:
+            if e.in_vector:
+                continue
+            mean = np.tensordot(weights, np.stack([np.asarray(buffers[c][e.name], dtype=np.float64)
+                                                   for c in clients]), axes=1)
+            if np.issubdtype(e.dtype, np.floating):
+                out[e.name] = mean.astype(e.dtype)
+            elif e.dtype == np.bool_:
+                out[e.name] = mean >= 0.5
+            else:
+                out[e.name] = np.rint(mean).astype(e.dtype)
+        self._carried = out
 
     # ------------------------------------------------------------------ algorithm hooks
     @abstractmethod
@@ -1013,6 +1089,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                                     arrays_key=self.arrayrecord_key, config_key=self.configrecord_key)
             for name, record in self.client_records(server_round, cid).items():
                 content[name] = record
+            if self.sends_buffers():
+                content[BUFFERS_KEY] = record_of(self._carried)
             self._acc["down"] += recorddict_nbytes(content)
             out.append((self.node_of[cid], content))
         self._acc["sent"] = len(out)
@@ -1090,6 +1168,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         updates: dict[int, Any] = {}
         metrics: dict[int, dict[str, Any]] = {}
         contents: dict[int, RecordDict] = {}
+        buffers: dict[int, dict[str, NDArray[Any]]] = {}
         for node_id, content in replies:
             if isinstance(content, str):
                 self.reject(server_round, node_id, client_error_text(content))
@@ -1103,10 +1182,14 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                 continue
             self._acc["up"] += recorddict_nbytes(content)
             try:
-                updates[cid], metrics[cid] = self.decode_reply(server_round, cid, content)
+                update, m = self.decode_reply(server_round, cid, content)
+                state = self.decode_buffers(content)
             except (MalformedPayload, LayoutMismatch, ValueError, KeyError, TypeError) as err:
                 self.reject(server_round, node_id, str(err))
                 continue
+            updates[cid], metrics[cid] = update, m
+            if state is not None:
+                buffers[cid] = state
             contents[cid] = content
         self.screen_update_norms(server_round, updates)
         metrics = {cid: m for cid, m in metrics.items() if cid in updates}
@@ -1117,6 +1200,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)
         self.check_round_accepted(server_round, len(updates), self._acc["sent"], max(missing, 0))
         diag = self.aggregate(server_round, updates, metrics) if updates else {}
+        self.aggregate_buffers({cid: b for cid, b in buffers.items() if cid in updates}, metrics)
         for cid, m in metrics.items():
             self.record_privacy(cid, m)
         self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}

@@ -97,6 +97,7 @@ class DistributedDP(SecureBuffers):
                  noise_multiplier: float | None = None, scale: float | None = None,
                  beta: float = skellam.DEFAULT_BETA, seed: int | None = None, timeout: float | None = None) -> None:
         super().__init__(inner, buffer_size, threshold=threshold, seed=seed, timeout=timeout)
+        self.secure.count_clipped = False  # the devices encode their vectors themselves (clipped by the DP clip norm)
         for name, v in (("epsilon", epsilon), ("clip_norm", clip_norm)):
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")

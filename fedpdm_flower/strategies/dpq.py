@@ -129,7 +129,9 @@ class DPQDSGD(SyncRouter):
     The step sizes, the batch size and the noise follow Theorem 1 / Assumption 4 (spec 2.1) for the horizon K; the
     defaults are the paper's MNIST experiment (Section 4): at K = 2000, alpha_hat = 0.0101, beta_hat = 0.0010,
     gamma_hat = 50. Works on any model's ``ArrayRecord``: the nodes (:class:`fedpdm_flower.clients.dpq.DPQClient`) train the
-    user's buffer-free torch module or numpy model on the user's data.
+    user's torch module (its buffers stay with each node; with noise, a module without buffers) or numpy model on the
+    user's data. For a neural network use ``q_step=0.05, sigma_scale=0.03, a3=40.0``: the defaults diverge on a
+    small CNN (0.007 after 5 rounds, these 0.52; docs/models-and-data.md).
 
     Parameters
     ----------

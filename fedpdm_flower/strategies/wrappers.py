@@ -57,7 +57,7 @@ from numpy.typing import NDArray
 from fedpdm_flower.fedapp import secagg
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.compression.codecs import Codec, codec_from_spec
-from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
+from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch, norm_buffer_names
 from fedpdm_flower.fedapp.secagg import (  # the protocol's names, importable from here as before
     S_BUFFER,
     S_CLIP,
@@ -118,7 +118,7 @@ def wrapped_chain(strategy: Strategy) -> list[Strategy]:
     return chain
 
 
-#: (outer, inner) pairs that cannot work, anywhere in a chain, and why (the README's composition table)
+#: (outer, inner) pairs that cannot work, anywhere in a chain, and why (docs/wrappers.md's composition table)
 _INVALID: list[tuple[str, str, str]] = [
     ("Robust", "SecureBuffers", "outside the buffers the updates are masked, and no robust rule can compare masked "
                                 "vectors; use SecureBuffers(Robust(...)) to aggregate the buffer means robustly"),
@@ -159,6 +159,9 @@ class StrategyWrapper(Strategy):
     bytes_prefix: str | None = "wrapper"
     #: prefixes of the config keys this wrapper's protocol puts into train messages (a user key may not use them)
     reserved_prefixes: tuple[str, ...] = ()
+    #: keep the model's normalisation buffers (BatchNorm statistics, :func:`fedpdm_flower.fedapp.layout.norm_buffer_names`)
+    #: beside the flat vector, as they are, instead of in it (Compressed: no codec or error memory may touch them)
+    BUFFERS_BESIDE = False
 
     def __init__(self, inner: Strategy, *, max_weight: float | None = None) -> None:
         if not isinstance(inner, Strategy):
@@ -314,7 +317,7 @@ class StrategyWrapper(Strategy):
         named = arrays_of(next(iter(message.content.array_records.values())))
         if self.layout is None or [(e.name, e.shape, e.dtype) for e in self.layout.entries] != [
                 (k, v.shape, v.dtype) for k, v in named.items()]:
-            self.layout = ArrayLayout.of(named)
+            self.layout = ArrayLayout.of(named, beside=norm_buffer_names(named) if self.BUFFERS_BESIDE else ())
 
     def check_reply(self, reply: Message) -> None:
         """Raise MalformedPayload unless the reply follows the convention with the model's layout and sane values."""
@@ -383,6 +386,10 @@ class Compressed(StrategyWrapper):
     gets the new r densely. Without a downlink codec the model goes out dense. Either way every client trains from
     the same r, and its update is taken against it.
 
+    The model's normalisation buffers (BatchNorm running statistics, recognised by torch's names) and integer
+    entries are never coded: they travel as they are both ways, and the inner strategy averages them as it always
+    does. (Error feedback on a running statistic would re-send its change round after round and overshoot.)
+
     Parameters
     ----------
     inner
@@ -400,6 +407,9 @@ class Compressed(StrategyWrapper):
 
     bytes_prefix = None  # counts its own bytes (compress.* / secure.*)
     reserved_prefixes = ("compress.",)
+    #: a running statistic's change is not a step: error feedback would sum it round after round and overshoot
+    #: (a negative running variance; the FedREP + BatchNorm collapse of issue 23), so buffers travel as they are
+    BUFFERS_BESIDE = True
 
     def __init__(self, inner: Strategy, *, uplink: Codec | None = None, downlink: Codec | None = None,
                  seed: int | None = None, max_weight: float | None = None) -> None:
@@ -621,7 +631,8 @@ class SecureBuffers(StrategyWrapper):
         import secrets
 
         self._buffer_rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
-        self.secure = BufferSecAgg(threshold=t, clip=clip, levels=levels)
+        # the tail (encode_exact) carries the clipped-coordinate count: no encode_counted entry as well
+        self.secure = BufferSecAgg(threshold=t, clip=clip, levels=levels, count_clipped=False)
         self._grid: Grid | None = None
         self._round: dict[str, Any] = {}
 
