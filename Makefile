@@ -23,7 +23,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup run test test-deploy test-fast lint bench clean
+.PHONY: setup run test test-slow test-deploy test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -40,7 +40,11 @@ run: setup
 	$(PY) -m simulations quickstart $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not deployment" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not deployment and not slow" $(PYTEST_ARGS)
+
+# long real-process tests (killed and resumed runs): CI runs them after `make test`
+test-slow: setup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "slow and not deployment" $(PYTEST_ARGS)
 
 # real SuperLink + SuperNode processes on loopback (TLS, node auth, killed nodes, data-path devices): serial, because
 # each deployment already runs several processes per node on the 2 cores
@@ -48,7 +52,7 @@ test-deploy: setup
 	$(PY) -m pytest -q -m deployment $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not deployment and not flower and not install" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not deployment and not slow and not flower and not install" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check fedpdm_flower simulations tests examples

@@ -29,6 +29,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "flower: runs a real Flower simulation through `flwr run` (slow)")
     config.addinivalue_line("markers", "deployment: starts a real SuperLink and SuperNodes on loopback (slow); "
                                        "left out of `make test`, run by `make test-deploy` (CI runs both)")
+    config.addinivalue_line("markers", "slow: a long real-process test (a minute or more, e.g. a killed and resumed "
+                                       "simulation); left out of `make test`, run by `make test-slow` (CI runs it)")
     config.addinivalue_line("markers", "install: builds the wheel and installs it into a fresh virtual environment")
 
 
