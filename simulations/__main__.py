@@ -147,7 +147,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         fedrep_wire(Path(args.out), rounds=args.rounds, connection=args.connection, overrides=parse_set(args.set or []))
         return 0
     if args.suite == "iadmm":
-        iadmm_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
+        from simulations.benchmark import iadmm_floor
+
+        iadmm_floor(Path(args.out), rounds=args.rounds)
+        if args.methods != "floor":  # --methods floor: only our round against the numpy floor
+            iadmm_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
         return 0
     if args.suite == "startup":
         from simulations.startup import main as startup
@@ -216,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "byzantine",
                                        "byzantine-fedrep", "footprint", "startup"),
                    default="fedpdm",
-                   help="fedpdm: the seed-000 benchmark; iadmm: DP-IADMM rounds/s on MNIST, in-process vs Flower; "
+                   help="fedpdm: the seed-000 benchmark; iadmm: our non-private ObjP round vs a plain numpy floor (float32 and "
+                        "float64) and the start-up, then DP-IADMM rounds/s on MNIST, in-process vs Flower (--methods "
+                        "floor: the first part only); "
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
                         "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator; "
                         "dp-anchor: DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP vs DeviceDPSGD (about 2 h); "
