@@ -228,11 +228,19 @@ def main(out: Path, *, rounds: int = 10, configs: tuple[str, ...] | None = None)
         for label, over in CONFIGS:
             if configs and label not in configs:
                 continue
-            runs = {algo: run_once(algo, {**over, "num-server-rounds": rounds}, out / label.split()[0].replace(
-                ",", "") / algo, poller) for algo in ALGORITHMS}
+            runs: dict[str, Any] = {}
+            for algo in ALGORITHMS:
+                try:
+                    runs[algo] = run_once(algo, {**over, "num-server-rounds": rounds},
+                                          out / label.split()[0].replace(",", "") / algo, poller)
+                except RuntimeError as err:  # a failed run is a result too: recorded, and the bench goes on
+                    runs[algo] = {"failed": str(err)[:2000]}
+                    print(f"[startup] {label} {algo}: {str(err)[:300]}", flush=True)
             ours, flower = runs["bsdp-fedpdm"], runs["flwr-fedavg"]
-            report[label] = {"run config": over, "runs": runs, "ratio whole run": ours["wall_s"] / flower["wall_s"],
-                             "ratio rounds 2..R": ours["later_rounds_s"] / flower["later_rounds_s"]}
+            ok = "wall_s" in ours and "wall_s" in flower
+            report[label] = {"run config": over, "runs": runs,
+                             "ratio whole run": ours["wall_s"] / flower["wall_s"] if ok else None,
+                             "ratio rounds 2..R": ours["later_rounds_s"] / flower["later_rounds_s"] if ok else None}
             (out / "startup.json").write_text(json.dumps(report, indent=1))
     finally:
         poller.stop.set()
@@ -245,14 +253,18 @@ def main(out: Path, *, rounds: int = 10, configs: tuple[str, ...] | None = None)
         if label not in report:
             continue
         for algo, r in report[label]["runs"].items():
+            if "failed" in r:
+                md.append(f"| {label} | {algo} | failed: {r['failed'][:160]} | | | | |")
+                continue
             procs = r["processes"]
             worker = procs.get("ray worker (ClientApps)", {}).get("max_peak_rss_mb", float("nan"))
             server = procs.get("flwr-simulation (ServerApp)", {}).get("max_peak_rss_mb", float("nan"))
             md.append(f"| {label} | {algo} | {r['wall_s']:.1f} s | {r['rounds_s']:.1f} s ({r['round1_s']:.1f} s, "
                       f"{r['round1_clients']:.0f} clients) | {r['outside_rounds_s']:.1f} s | {worker:.0f} MB | "
                       f"{server:.0f} MB |")
-        md.append(f"| {label} | ratio | {report[label]['ratio whole run']:.2f}x | rounds 2..R "
-                  f"{report[label]['ratio rounds 2..R']:.2f}x | | | |")
+        if report[label]["ratio whole run"] is not None:
+            md.append(f"| {label} | ratio | {report[label]['ratio whole run']:.2f}x | rounds 2..R "
+                      f"{report[label]['ratio rounds 2..R']:.2f}x | | | |")
     md += ["", "| partitioner (node 9,999 of 10,000) | CPU | traced peak |", "|---|---|---|"]
     for scheme, m in report["partition of node 9,999 of 10,000"].items():
         md.append(f"| {scheme} | {m['cpu_s']:.3f} s | {m.get('traced_peak_mb', float('nan')):.1f} MB |")
