@@ -43,11 +43,8 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     # measured: Robust 0.695, SecureBuffers(Robust) 0.764. Compressed(Robust) learns slower (the geometric median of
     # four top-10 % updates with distinct supports is short): after 3 rounds it measured 0.508-0.793 through flwr run
     # (8 runs) and once 0.207 in CI, after 5 rounds 0.823-0.883 (10 runs), so the compressed runs take 5 rounds.
-    "wrapped[robust]": ("wrapped_fedavg", {"wrappers": "robust", "byzantine": "0"}, 4, "accuracy", 0.4),
-    "wrapped[compressed]": ("wrapped_fedavg", {"wrappers": "compressed", "num-server-rounds": 5}, 4, "accuracy", 0.4),
-    "wrapped[secure]": ("wrapped_fedavg", {"wrappers": "secure", "min-nodes": 6}, 6, "accuracy", 0.4),
-    "wrapped[compressed,robust]": ("wrapped_fedavg", {"wrappers": "compressed,robust", "byzantine": "0",
-                                                      "num-server-rounds": 5}, 4, "accuracy", 0.4),
+    # Each wrapper runs here inside a composition (Robust, SecureBuffers and Compressed each appear below), which
+    # covers it on the installed library; tests/test_flower_parity.py runs each one alone through flwr run.
     # DP-SGD on each device (Opacus, record-level, epsilon 8 over the 3 rounds) under plain FedAvg: measured
     # 0.592-0.628 through flwr run (3 runs); the devices' ledgers report the spend (record unit, at most 8)
     "wrapped[dpsgd]": ("wrapped_fedavg", {"wrappers": "", "dpsgd-epsilon": 8.0}, 4, "accuracy", 0.3),
@@ -59,6 +56,8 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     "wrapped[distributed-dp]": ("wrapped_fedavg", {"wrappers": "distributed-dp", "min-nodes": 24, "buffer-size": 24,
                                                    "dp-clip": 0.5, "dp-epsilon": 8.0, "samples-per-node": 60,
                                                    "batch-size": 10}, 24, "accuracy", 0.2),
+    "wrapped[compressed,robust]": ("wrapped_fedavg", {"wrappers": "compressed,robust", "byzantine": "0",
+                                                      "num-server-rounds": 5}, 4, "accuracy", 0.4),
     "wrapped[secure,robust]": ("wrapped_fedavg", {"wrappers": "secure,robust", "byzantine": "0", "min-nodes": 9}, 9,
                                "accuracy", 0.4),
 }
@@ -78,7 +77,11 @@ def test_the_examples_dependency_resolved_to_the_wheel_not_the_checkout(installe
     assert not direct.exists()  # found by name on --find-links, as a registry would serve it: not a path install
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+#: the runs of many SuperNodes (24 ClientApps, minutes of wall time on 2 cores) run in `make test-slow`
+SLOW = {"wrapped[distributed-dp]"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(EXAMPLES)])
 def test_example_runs_through_flwr_and_learns(name: str, installed_env: InstalledEnv,
                                               installed_simulation: LocalSimulation, tmp_path: Path) -> None:
     folder, overrides, nodes, metric, floor = EXAMPLES[name]
