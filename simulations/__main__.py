@@ -93,27 +93,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    """The README's main job: BSDP-FedPDM on MNIST through Flower's simulation engine."""
-    from fedpdm_flower.fedapp.runner import prepare_out_dir
-    from simulations.flower_driver import run_flower
+    """The README's main job: BSDP-FedPDM with record-level DP-SGD on MNIST through Flower's simulation engine
+    (simulations/quickstart.py: the task and why)."""
+    from simulations.quickstart import main as quickstart
 
-    overrides = parse_set(args.set or [])
-    cfg = parse_run_config(overrides)
-    out = prepare_out_dir(cfg, args.out)  # '' means the default under outputs/, never the current directory
-    t0 = time.time()
-    print(f"[quickstart] {cfg.algorithm} on {cfg.dataset}: N={cfg.num_clients}, K={cfg.clients_per_round}, "
-          f"{cfg.num_server_rounds} rounds, Flower simulation engine (first run starts a local SuperLink)", flush=True)
-    res = run_flower(overrides, out, num_supernodes=cfg.num_clients)
-    doc = json.loads(res.results.read_text())
-    s = doc["summary"]
-    print(f"\n[quickstart] run {res.run_id} {res.status} in {time.time() - t0:.0f} s")
-    print(f"  final test accuracy {s['final_test_accuracy']:.4f} (best {s['best_test_accuracy']:.4f}) "
-          f"after {len(doc['rounds'])} rounds")
-    print(f"  uplink {s['total_uplink_bytes'] / 1e6:.2f} MB, downlink {s['total_downlink_bytes'] / 1e6:.2f} MB")
-    if s.get("privacy"):
-        print("  privacy, worst client: " + ", ".join(f"{k}={v:.4g}" for k, v in s["privacy"].items()))
-    print(f"  {res.results}\n  {res.results.parent / 'accuracy.png'}")
-    return 0
+    return quickstart(args.out, parse_set(args.set or []))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -170,6 +154,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from simulations.byzantine_table import fedrep_main
 
         return fedrep_main(Path(args.out), only=tuple(args.methods.split(",")) if args.methods else None)
+    if args.suite == "dp-seeds":
+        from simulations.dp_seeds import main as dp_seeds
+
+        return dp_seeds(Path(args.out), only=[m for m in (args.methods or "").split(",") if m] or None)
     if args.suite == "dp-anchor":
         from simulations.dp_anchor import main as dp_anchor
 
@@ -199,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--out and --set as the run that stopped; run config key resume=true)")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     r.set_defaults(func=cmd_run)
-    q = sub.add_parser("quickstart", help="the default federated simulation (BSDP-FedPDM, MNIST, Flower engine)")
+    q = sub.add_parser("quickstart", help="BSDP-FedPDM with record-level DP-SGD at epsilon 8 on MNIST (label skew), "
+                       "Flower engine; --set dp=false for the noiseless twin")
     q.add_argument("--out", default="outputs/quickstart")
     q.add_argument("--set", action="append", metavar="KEY=VALUE")
     q.set_defaults(func=cmd_quickstart)
@@ -217,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="wall time per round: ours vs Flower FedAvg, in-process vs Flower")
     b.add_argument("--out", default="outputs/bench")
     b.add_argument("--rounds", type=int, default=10)
-    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "byzantine",
+    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "dp-seeds", "byzantine",
                                        "byzantine-fedrep", "footprint", "startup"),
                    default="fedpdm",
                    help="fedpdm: the seed-000 benchmark; iadmm: our non-private ObjP round vs a plain numpy floor (float32 and "
@@ -226,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
                         "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator; "
                         "dp-anchor: DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP vs DeviceDPSGD (about 2 h); "
+                        "dp-seeds: every DP seed algorithm without noise, at the paper's calibration, at record-level "
+                        "epsilon 1/3/8, beside DeviceDPSGD and CentralDP under Flower's FedAvg, and the DP/plain epoch "
+                        "speed ratio (--methods picks rows by name; rows add to --out's table); "
                         "byzantine: robust rules around Flower's FedAvg against attacks that break the mean (~5 min); "
                         "byzantine-fedrep: masked FedREP's rows of that table (--methods picks aggregators by row "
                         "name, e.g. 'FedREP + NNM + CClip (adaptive)'; about 7 s of CPU per cell, 10 rows of 17 cells); "
@@ -236,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.add_argument("--methods", default=None,
                    help="--suite dp-anchor: run only these methods (flower,flower-client,ours,dpsgd), adding rows to "
-                        "--out's table; --suite byzantine-fedrep: only these rows (comma-separated row names)")
+                        "--out's table; --suite byzantine-fedrep / dp-seeds: only these rows (comma-separated row "
+                        "names or parts of them)")
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="--suite fedrep only: override a task key, e.g. dataset=fashion-mnist (repeatable)")
     b.set_defaults(func=cmd_bench)

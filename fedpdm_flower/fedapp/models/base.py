@@ -69,6 +69,15 @@ class LinearModel(ABC):
     def grad(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> FloatArray:
         """Gradient of `loss` with respect to the flat x."""
 
+    @abstractmethod
+    def per_sample_grads(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> FloatArray:
+        """(B, d): row j is the gradient of record j's data term at x (record-level DP-SGD clips each row;
+        :mod:`fedpdm_flower.fedapp.privacy.dpsgd`). ``grad`` is their mean plus ``regularizer_grad(x)``."""
+
+    def regularizer_grad(self, x: FloatArray) -> FloatArray:
+        """The gradient of the part of `loss` that does not depend on the data (none by default)."""
+        return np.zeros_like(x)
+
     def init(self, rng: np.random.Generator, std: float) -> FloatArray:
         """Random initial point, i.i.d. N(0, std^2) per entry (spec A9)."""
         return rng.normal(0.0, std, size=self.dim)
@@ -78,6 +87,7 @@ class LinearModel(ABC):
 #: dimension). Here, not in :mod:`fedpdm_flower.fedapp.models.torch_net`, so that asking whether a run trains a torch
 #: network does not import torch (a numpy run's server and devices never do)
 TORCH_MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "tiny-cnn": ("fedpdm_flower.fedapp.models.cnn:TinyCNN", (1, 28, 28)),
     "lenet5": ("fedpdm_flower.fedapp.models.cnn:LeNet5", (1, 28, 28)),
     "lenet5-valid": ("fedpdm_flower.fedapp.models.cnn:LeNet5Valid", (1, 28, 28)),
     "cnn": ("fedpdm_flower.fedapp.models.cnn:SmallCNN", (1, 28, 28)),

@@ -70,3 +70,27 @@ class MultinomialLogistic(LinearModel):
         p[np.arange(len(labels)), labels] -= 1.0
         g = (p.T @ self.inputs(features)) / len(labels)
         return np.asarray(g.ravel() + self.l2 * x, dtype=np.float64)
+
+    # ------------------------------------------------------------------ per-record gradients (DP-SGD)
+    def _residuals(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+        """(P - E, A): softmax minus one-hot, and the inputs; record j's data gradient is the outer product
+        (p_j - e_{y_j}) a_j^T, whose Frobenius norm is ||p_j - e_{y_j}|| ||a_j||."""
+        p = self.probs(x, features)
+        p[np.arange(len(labels)), labels] -= 1.0
+        return p, self.inputs(features)
+
+    def per_sample_grads(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64]) -> FloatArray:
+        """Row j: the gradient of record j's cross-entropy, vec((p_j - e_{y_j}) a_j^T) (the l2 term is not a record's)."""
+        r, a = self._residuals(x, features, labels)
+        return np.asarray(np.einsum("jc,jf->jcf", r, a).reshape(len(labels), -1), dtype=np.float64)
+
+    def clipped_grad_sum(self, x: FloatArray, features: FloatArray, labels: NDArray[np.int64], clip: float) -> FloatArray:
+        """sum_j min(1, C / ||g_j||) g_j in closed form: (f * (P - E))^T A, f_j = min(1, C / (||p_j - e_j|| ||a_j||))."""
+        r, a = self._residuals(x, features, labels)
+        norms = np.linalg.norm(r, axis=1) * np.linalg.norm(a, axis=1)
+        f = np.minimum(1.0, clip / np.maximum(norms, np.finfo(np.float64).tiny))
+        return np.asarray(((r * f[:, None]).T @ a).ravel(), dtype=np.float64)
+
+    def regularizer_grad(self, x: FloatArray) -> FloatArray:
+        """l2 x: the gradient of the data-independent (l2 / 2)||x||^2."""
+        return np.asarray(self.l2 * x, dtype=np.float64)

@@ -128,6 +128,9 @@ class TorchModel:
         self._params = [t for t, _ in self._slots if isinstance(t, nn.Parameter)]
         self._param_slices = [s for t, s in self._slots if isinstance(t, nn.Parameter)]
         self.num_trainable = sum(p.numel() for p in self._params)
+        #: the mean loss of the last records :meth:`per_sample_grads` / :meth:`clipped_grad_sum` saw (nan before)
+        self.last_batch_loss = float("nan")
+        self._psg: tuple[dict[str, torch.Tensor], Any] | None = None  # the vmapped per-sample gradient function
         #: the state-dict entries beside x (buffers and integer entries), by name
         self._beside = {e.name: state[e.name] for e in self.layout.entries if not e.in_vector}
 
@@ -232,6 +235,16 @@ class TorchModel:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         return torch.cat([g.reshape(-1) for g in grads]).cpu(), float(loss.item())
 
+    def load_grads(self, g: NDArray[Any]) -> None:
+        """Set every trainable parameter's ``.grad`` from a flat d-vector (state-dict order; buffer entries are
+        ignored), so that a torch optimizer steps on a gradient computed elsewhere (e.g. DP-SGD's noisy one)."""
+        vec = np.asarray(g)
+        if vec.shape != (self.dim,):
+            raise ValueError(f"gradient vector has shape {vec.shape}, expected ({self.dim},)")
+        with torch.no_grad():
+            for p, s in zip(self._params, self._param_slices, strict=True):
+                p.grad = torch.from_numpy(np.ascontiguousarray(vec[s])).view_as(p).to(p.device, p.dtype)
+
     def add_to_trainable(self, delta: torch.Tensor) -> None:
         """Trainable entries += delta (in place)."""
         with torch.no_grad():
@@ -255,30 +268,63 @@ class TorchModel:
             off += n
         return out
 
+    def _per_sample_torch(self, x: NDArray[Any], features: Any, labels: Any) -> dict[str, torch.Tensor]:
+        """{parameter name: (B, *shape) tensor}: each record's gradient at x, by ``torch.func`` (vmap of grad).
+        The records' mean loss is kept in :attr:`last_batch_loss` (a diagnostic)."""
+        self.set_flat(x, buffers=False)
+        if not self.module.training:
+            self.module.train()
+        if self._psg is None:  # built once: the detached tensors share the parameters' storage, set_flat updates them
+            from torch.func import functional_call, grad_and_value, vmap
+
+            params = {k: p.detach() for k, p in self.module.named_parameters()}
+            buffers = {k: b.detach() for k, b in self.module.named_buffers()}
+
+            def sample_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+                out = functional_call(self.module, (p, buffers), (xi.unsqueeze(0),))
+                return self.loss_fn(out, yi.unsqueeze(0))
+
+            self._psg = (params, vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0), randomness="different"))
+        params, fn = self._psg
+        grads, losses = fn(params, self.inputs(features), self.targets(labels))
+        self.last_batch_loss = float(losses.mean())
+        return grads  # type: ignore[no-any-return]
+
     def per_sample_grads(self, x: NDArray[Any], features: Any, labels: Any) -> FloatArray:
         """Gradient of the loss of each sample at x, shape (n, d), float64, zeros on buffer coordinates.
 
         Row i is the gradient of ``loss_fn`` on sample i alone (a batch of one), computed for all samples at once
         with ``torch.func.vmap``; what DP mechanisms that clip every sample's gradient need. Train mode, as
-        :meth:`grad`; dropout draws a different mask per sample. Memory is n x d: callers pass chunks.
+        :meth:`grad`; dropout draws a different mask per sample. Memory is n x d: callers pass chunks, or use
+        :meth:`clipped_grad_sum`.
         """
-        from torch.func import functional_call, grad, vmap
-
-        self.set_flat(x, buffers=False)
-        self.module.train()
-        params = {k: p.detach() for k, p in self.module.named_parameters()}
-        buffers = {k: b.detach() for k, b in self.module.named_buffers()}
-
-        def sample_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-            out = functional_call(self.module, (p, buffers), (xi.unsqueeze(0),))
-            return self.loss_fn(out, yi.unsqueeze(0))
-
-        inputs, targets = self.inputs(features), self.targets(labels)
-        grads = vmap(grad(sample_loss), in_dims=(None, 0, 0), randomness="different")(params, inputs, targets)
-        out = np.zeros((len(inputs), self.dim))
+        grads = self._per_sample_torch(x, features, labels)
+        n = len(next(iter(grads.values()))) if grads else 0
+        out = np.zeros((n, self.dim))
         for name, s in self.layout.slices().items():
             if name in grads:  # parameters only: a buffer is not a trained variable
-                out[:, s] = grads[name].reshape(len(inputs), -1).double().cpu().numpy()
+                out[:, s] = grads[name].reshape(n, -1).double().cpu().numpy()
+        return out
+
+    def clipped_grad_sum(self, x: NDArray[Any], features: Any, labels: Any, clip: float) -> FloatArray:
+        """``sum_i min(1, clip / ||g_i||) g_i`` over the samples (DP-SGD's clipped sum), float64 over the d entries.
+
+        The per-sample gradients stay in torch (no (n, d) float64 matrix): their norms are summed over the
+        parameters, the clip factors applied with one einsum per parameter.
+        """
+        out = np.zeros(self.dim)
+        if len(labels) == 0:
+            return out
+        grads = self._per_sample_torch(x, features, labels)
+        first = next(iter(grads.values()))
+        sq = torch.zeros(len(first), dtype=first.dtype, device=first.device)
+        for g in grads.values():
+            sq = sq + g.reshape(len(g), -1).pow(2).sum(dim=1)
+        factor = torch.clamp(clip / torch.sqrt(sq).clamp_min(torch.finfo(sq.dtype).tiny), max=1.0)
+        for name, s in self.layout.slices().items():
+            if name in grads:
+                g = grads[name]
+                out[s] = torch.einsum("b,bk->k", factor, g.reshape(len(g), -1)).double().cpu().numpy()
         return out
 
     def _outputs(self, x: NDArray[Any], features: Any) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Differential privacy: the Gaussian mechanism with the paper's calibration, the Laplace mechanism, the distributed
-Skellam mechanism, accountants."""
+"""Differential privacy: record-level DP-SGD and the one target type (``PrivacyTarget``), the Gaussian mechanism with
+the paper's calibration, the Laplace mechanism, the distributed Skellam mechanism, accountants."""
 
 from typing import TYPE_CHECKING
 
@@ -9,14 +9,20 @@ if TYPE_CHECKING:
     from fedpdm_flower.fedapp.privacy.accountants import (
         PrivacyLedger as PrivacyLedger,
     )
+    from fedpdm_flower.fedapp.privacy.dpsgd import (
+        DPSGDLedger as DPSGDLedger,
+    )
+    from fedpdm_flower.fedapp.privacy.dpsgd import (
+        DPSGDMechanism as DPSGDMechanism,
+    )
+    from fedpdm_flower.fedapp.privacy.dpsgd import (
+        DPSGDStep as DPSGDStep,
+    )
     from fedpdm_flower.fedapp.privacy.gaussian import (
         Eq36Calibration as Eq36Calibration,
     )
     from fedpdm_flower.fedapp.privacy.gaussian import (
         GaussianTarget as GaussianTarget,
-    )
-    from fedpdm_flower.fedapp.privacy.gaussian import (
-        PrivacyTarget as PrivacyTarget,
     )
     from fedpdm_flower.fedapp.privacy.gaussian import (
         add_gaussian_noise as add_gaussian_noise,
@@ -57,11 +63,16 @@ if TYPE_CHECKING:
     from fedpdm_flower.fedapp.privacy.protocol import (
         SkellamPrivacyEvent as SkellamPrivacyEvent,
     )
+    from fedpdm_flower.fedapp.privacy.target import (
+        PrivacyTarget as PrivacyTarget,
+    )
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "accountants": ["PrivacyLedger"],
-    "gaussian": ["Eq36Calibration", "GaussianTarget", "PrivacyTarget", "add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
+    "dpsgd": ["DPSGDLedger", "DPSGDMechanism", "DPSGDStep"],
+    "gaussian": ["Eq36Calibration", "GaussianTarget", "add_gaussian_noise", "data_fraction", "fedpdm_sensitivity", "gaussian_noise_std",
                  "local_sgd_sensitivity", "per_round_epsilon_eq36", "total_privacy_eq36"],
     "laplace": ["advanced_composition", "basic_composition", "laplace_noise", "laplace_scale"],
     "protocol": ["SkellamAccountant", "SkellamPrivacyEvent"],
+    "target": ["PrivacyTarget"],
 })

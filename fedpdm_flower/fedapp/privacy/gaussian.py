@@ -27,7 +27,6 @@ from numpy.typing import NDArray
 __all__ = [
     "Eq36Calibration",
     "GaussianTarget",
-    "PrivacyTarget",
     "add_gaussian_noise",
     "data_fraction",
     "fedpdm_sensitivity",
@@ -406,10 +405,6 @@ class GaussianTarget:
         """The ``dp-*`` keys a client reads (:mod:`fedpdm_flower.clients.broadcast`)."""
         return {"dp": True, "dp-calibration": self.kind, "clip": self.clip_norm, "dp-epsilon": self.epsilon,
                 "dp-delta": self.delta, "dp-horizon": self.horizon or num_rounds}
-
-
-#: API.md's name for the target a user passes as ``privacy=``: a rigorous (epsilon, delta) for one record
-PrivacyTarget = GaussianTarget
 
 
 #: the calibrations the broadcast strategies accept
