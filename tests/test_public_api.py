@@ -155,7 +155,7 @@ def _fedpdm_run(strategy: Any, rounds: int = 4, nodes: int = 3) -> tuple[Any, nn
 
 def test_bsdp_fedpdm_trains_a_users_cnn_and_returns_its_state_dict() -> None:
     strategy, net, test = _fedpdm_run(BSDPFedPDM(min_available_nodes=3, rho=0.1, gamma=0.0, eta0=0.2, seed=0,
-                                                 uplink=TopK(0.5), downlink=TopK(0.75)))
+                                                 uplink=TopK(0.5), downlink=TopK(0.75), privacy=None))
     acc = [r.test_accuracy for r in strategy.history]
     assert acc[-1] > 0.9 > acc[0] - 0.5, acc  # three separable classes: chance is 1/3
     out = strategy.current_arrays()
@@ -165,7 +165,7 @@ def test_bsdp_fedpdm_trains_a_users_cnn_and_returns_its_state_dict() -> None:
     # the uplink really is sparse: against a dense run each reply saves the d - k float32 values, less the index bitmask
     # and the serialization overhead of that second array (its .npy header is 128 B, plus the record's fields)
     dense, _, _ = _fedpdm_run(BSDPFedPDM(min_available_nodes=3, rho=0.1, gamma=0.0, eta0=0.2, seed=0,
-                                         uplink=TopK(1.0), downlink=TopK(0.75)))
+                                         uplink=TopK(1.0), downlink=TopK(0.75), privacy=None))
     d, k = strategy.dim, strategy.upload_k
     saved = sum(r.uplink_bytes for r in dense.history) - sum(r.uplink_bytes for r in strategy.history)
     assert saved >= 4 * 3 * (4 * (d - k) - (d + 7) // 8 - 200), (saved, d, k)
@@ -231,7 +231,7 @@ def test_a_client_checks_every_value_of_the_message() -> None:
     data = DataLoader(images(50, 0), batch_size=10)
     client = FedPDMClient(TinyCNN(), data, context=Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                                                            run_config={}))
-    s = DPFedPDM(min_available_nodes=1, min_train_nodes=1, seed=0)
+    s = DPFedPDM(min_available_nodes=1, min_train_nodes=1, seed=0, privacy=None)
     s.initialize(ArrayRecord(TinyCNN().state_dict()))
     s.prepare(1)
     s.attach({0: 1})

@@ -187,7 +187,7 @@ def test_server_accountants_survive_a_checkpoint() -> None:
 
     def strategy() -> DPFedPDM:
         s = DPFedPDM(min_available_nodes=3, accountant=lambda: GdpAccountant(no_amplification(1e-5, 3, max_epsilon=4.0)),
-                     seed=7)
+                     seed=7, privacy=None)
         s.initialize(ArrayRecord({"w": Array(np.zeros(5))}))
         return s
 

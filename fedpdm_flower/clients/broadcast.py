@@ -13,7 +13,10 @@ key                     meaning
 ``max-steps``           upper bound on Q (Q b < |D_i| is enforced on top, spec A6)
 ``clip``                clip norm G of every mini-batch gradient (0: no clipping)
 ``uplink`` / ``k-up``   "dense", "topk" or "randk", and k
-``dp``                  whether to add Gaussian noise, calibrated by ``dp-calibration``:
+``dp``                  whether the release is private: record-level DP-SGD when ``dp-mechanism`` is "dp-sgd"
+                        (:mod:`fedpdm_flower.clients.dpsgd`: ``dp-noise-multiplier`` z, ``dp-sample-rate`` q,
+                        ``clip`` C, ``dp-steps`` charged, ``dp-delta``), else the paper's Gaussian noise on the
+                        upload, calibrated by ``dp-calibration``:
 ``dp-calibration``      "gdp": z = sqrt(T) / mu*(epsilon, delta), so that T releases are exactly (epsilon,
                         delta)-DP for one record of this client (:mod:`fedpdm_flower.fedapp.privacy.gdp`); "eq36" (default,
                         the paper's): (36) inverted for the per-round epsilon, then (32)
@@ -25,9 +28,11 @@ key                     meaning
 ``dp-participation``
 ======================  =====================================================================================
 
-The device keeps the last word on its privacy (``max_epsilon``): it refuses a message without noise, and a
-release that would take its ledger's exact (GDP) epsilon past the floor. With node config ``privacy-ledger`` (a
-file path) the ledger persists on the device across runs, so the floor bounds the device's total spend.
+The device keeps the last word on its privacy (``max_epsilon``): it refuses a message without noise, a DP-SGD
+message whose steps would take its RDP ledger past the floor (checked before any training), and an upload release
+that would take its exact (GDP) epsilon past it. With node config ``privacy-ledger`` (a file path) the ledgers
+persist on the device across runs (the DP-SGD ledger beside it, in ``<path>.dpsgd.json``), so the floor bounds the
+device's total spend under each mechanism.
 """
 
 from __future__ import annotations
@@ -40,12 +45,14 @@ from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
 from fedpdm_flower.clients.base import DIM_KEY, FedClient, MessageConfig
+from fedpdm_flower.clients.dpsgd import DeviceAccount, mechanism_of
 from fedpdm_flower.fedapp.compression.codec import FLOAT32_MAX, SparseVector, decode_vector, encode_dense, encode_sparse
 from fedpdm_flower.fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
 from fedpdm_flower.fedapp.compression.sparsify import rand_k, top_k
 from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray
 from fedpdm_flower.fedapp.privacy import gdp
 from fedpdm_flower.fedapp.privacy.accountants import PrivacyLedger
+from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDLedger, DPSGDMechanism, DPSGDStep, device_rng
 from fedpdm_flower.fedapp.privacy.gaussian import (
     add_gaussian_noise,
     data_fraction,
@@ -82,6 +89,16 @@ class BroadcastClient(FedClient):
             raise ValueError(f"max_epsilon must be a finite number > 0 or None, got {max_epsilon!r}")
         self.max_epsilon = max_epsilon
         self._plain: list[NDArray[Any]] | None = None  # the downlink arrays when they were the model's own layout
+        # this message's admitted DP-SGD participation: (mechanism, delta, ledger, step), charged by release()
+        self._dpsgd: tuple[DPSGDMechanism, float, DPSGDLedger, DPSGDStep] | None = None
+
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`FedClient.get_properties`, plus the device's privacy floor ``dp-max-epsilon`` when it has one: the
+        strategy refuses to start a run whose target the device would refuse (before round 1)."""
+        props = super().get_properties(config)
+        if self.max_epsilon is not None:
+            props["dp-max-epsilon"] = float(self.max_epsilon)
+        return props
 
     # ---------------------------------------------------------------- downlink and local-loop settings
     def receive(self, parameters: list[NDArray[Any]], cfg: MessageConfig) -> FloatArray:
@@ -152,14 +169,52 @@ class BroadcastClient(FedClient):
         if path is not None:
             ledger.save(path)
 
+    def dpsgd_account(self) -> DeviceAccount:
+        """The device's DP-SGD ledger place and floor: context.state, and ``<privacy-ledger>.dpsgd.json``."""
+        path = self.ledger_path()
+        return DeviceAccount(self.max_epsilon, None if path is None else f"{path}.dpsgd.json")
+
+    def dpsgd_oracle(self, cfg: MessageConfig) -> DPSGDStep | None:
+        """When the message asks for record-level DP-SGD: the noisy gradient oracle of this participation, after the
+        device's floor admitted its steps (ValueError before any training otherwise); None for other messages.
+
+        The records' Poisson samples and the noise come from :func:`~fedpdm_flower.fedapp.privacy.dpsgd.device_rng`
+        (the operating system's entropy), never from the client's ``seed``: a seed the server knows (the
+        reproduction app's) would let it subtract the noise. :meth:`release` charges the steps to the ledger.
+        """
+        self._dpsgd = None
+        asked = mechanism_of(cfg.config)
+        if asked is None:
+            mech_name = cfg.config.get("dp-mechanism")
+            if mech_name is not None:
+                raise ValueError(f"message config 'dp-mechanism' = {mech_name!r} is not one this client runs (\"dp-sgd\")")
+            return None
+        if not cfg.flag("dp", False):
+            raise ValueError("message config asks for DP-SGD with 'dp' = false")
+        mech, delta = asked
+        ledger = self.dpsgd_account().admit(self.node_context, mech, delta)
+        step = DPSGDStep(self.model, self.require_data(), mech, device_rng())
+        self._dpsgd = (mech, delta, ledger, step)
+        return step
+
     def release(self, values: FloatArray, server_round: int, cfg: MessageConfig, *, sensitivity: float, steps: int,
                 batch_size: int) -> tuple[FloatArray, dict[str, Any]]:
-        """Gaussian mechanism on the uploaded values when the message asks for DP; the values unchanged otherwise.
+        """The private release of the uploaded values, by the message's mechanism; the values unchanged without DP.
 
-        The round's epsilon inverts the paper's (36) with q = Q b / |D_i| from the actual Q (spec A3) and
-        p = K/N; the noise std is (32) for the caller's L2 ``sensitivity`` ((35) for FedPDM, (B.2) for local SGD).
-        The ledger in context.state records the round and yields the three cumulative figures.
+        * Record-level DP-SGD (:meth:`dpsgd_oracle` ran the steps): the values are post-processing and go as they
+          are; the participation's charged steps are recorded in the device's ledger (RDP of the subsampled
+          Gaussian, every step ever) and reported (``eps_dpsgd``, z, q, steps).
+        * The paper's Gaussian mechanism on the upload: the round's epsilon inverts the paper's (36) with
+          q = Q b / |D_i| from the actual Q (spec A3) and p = K/N; the noise std is (32) for the caller's L2
+          ``sensitivity`` ((35) for FedPDM, (B.2) for local SGD). The ledger in context.state records the round
+          and yields the three cumulative figures.
         """
+        if self._dpsgd is not None:
+            mech, dp_delta, dp_ledger, step = self._dpsgd
+            self._dpsgd = None
+            metrics = self.dpsgd_account().charge(self.node_context, dp_ledger, mech, dp_delta)
+            return values, {**metrics, "participations": float(dp_ledger.participations),
+                            "dp_steps_taken": float(step.taken), "dp_records_sampled": float(step.sampled)}
         if not cfg.flag("dp", False):
             if self.max_epsilon is not None:
                 raise ValueError(f"refused: the server asks for a release without noise, and this device allows at "

@@ -53,10 +53,14 @@ class LocalSGDClient(BroadcastClient):
         Returns the local model with Q, eta^t and b.
         """
         eta, b = self.eta(cfg), self.batch_size(cfg)
+        dpsgd = self.dpsgd_oracle(cfg)  # record-level DP-SGD steps, admitted by the device's floor before training
+        max_steps = cfg.integer("max-steps", lo=1)
+        if dpsgd is not None:
+            max_steps = min(max_steps, dpsgd.mechanism.steps)
         res = local_sgd(
-            x0, self.require_data(), self.model, eta=eta, batch_size=b, max_steps=cfg.integer("max-steps", lo=1),
-            clip=self.clip(cfg), rng=self.rng(server_round), gamma=cfg.number("gamma", 0.0, lo=0.0), prox=prox,
-            correction=correction, linear=linear,
+            x0, self.require_data(), self.model, eta=eta, batch_size=b, max_steps=max_steps,
+            clip=None if dpsgd is not None else self.clip(cfg), rng=self.rng(server_round),
+            gamma=cfg.number("gamma", 0.0, lo=0.0), prox=prox, correction=correction, linear=linear, gradient=dpsgd,
         )
         return res, eta, b
 
@@ -69,12 +73,16 @@ class LocalSGDClient(BroadcastClient):
         `contraction` is the proximal weight of the local step: 0 (FedAvg, SCAFFOLD), mu (FedProx), alpha (FedDyn).
         """
         clip = self.clip(cfg)
-        sens = local_sgd_sensitivity(eta, steps, clip, contraction) if clip is not None else 0.0
+        sens = local_sgd_sensitivity(eta, steps, clip, contraction) if clip is not None and self._dpsgd is None else 0.0
         return self.release(values, server_round, cfg, sensitivity=sens, steps=steps, batch_size=batch_size)
 
-    def round_metrics(self, res: LocalSGDResult, k: int) -> dict[str, Any]:
-        """Q, k, the paper's uplink bits 32 k and the local model's training loss."""
-        return {"Q": res.steps, "k_up": k, "uplink_bits_paper": 32 * k, "train_loss": self.data_loss(res.x)}
+    def round_metrics(self, res: LocalSGDResult, k: int, private: bool = False) -> dict[str, Any]:
+        """Q, k, the paper's uplink bits 32 k and (without DP-SGD: it would be a release outside the accountant)
+        the local model's training loss."""
+        out: dict[str, Any] = {"Q": res.steps, "k_up": k, "uplink_bits_paper": 32 * k}
+        if not private:
+            out["train_loss"] = self.data_loss(res.x)
+        return out
 
 
 class FedAvgClient(LocalSGDClient):
@@ -89,5 +97,5 @@ class FedAvgClient(LocalSGDClient):
         idx = self.uplink_indices(res.x, cfg, server_round)
         values, metrics = self.release_local(res.x[idx], server_round, cfg, eta=eta, steps=res.steps, contraction=mu,
                                              batch_size=b)
-        metrics.update(self.round_metrics(res, len(idx)))
+        metrics.update(self.round_metrics(res, len(idx), private="eps_dpsgd" in metrics))
         return self.finish(self.encode(idx, values), metrics)

@@ -47,6 +47,6 @@ class FedDynClient(LocalSGDClient):
                                              contraction=alpha, batch_size=b)
         grad_l[idx] = feddyn_linear_update(grad_l[idx], values, theta_s[idx], alpha)  # from the released th_i
         self.save_vector(LINEAR, grad_l)
-        metrics.update(self.round_metrics(res, len(idx)))
+        metrics.update(self.round_metrics(res, len(idx), private="eps_dpsgd" in metrics))
         metrics["linear_norm"] = float(np.linalg.norm(grad_l))
         return self.finish(self.encode(idx, values), metrics)

@@ -66,9 +66,16 @@ class FedPDMClient(BroadcastClient):
         dual = self.load_vector(DUAL)
         if dual is None or dual.shape != x0.shape:
             dual = np.zeros(self.model.dim)
+        # record-level DP-SGD: the steps of (8a) are DP-SGD steps (admitted by the device's floor before training);
+        # the dual, the proximal pull, (10), (8c), (8d), the sparsifier and the upload are post-processing
+        dpsgd = self.dpsgd_oracle(cfg)
+        max_steps = cfg.integer("max-steps", lo=1)
+        if dpsgd is not None:
+            max_steps = min(max_steps, dpsgd.mechanism.steps)
         res = local_update(
             x0, dual, self.require_data(), self.model, eta=eta, rho=rho, nu=cfg.number("nu", lo=0.0),
-            batch_size=b, max_steps=cfg.integer("max-steps", lo=1), clip=clip, rng=self.rng(server_round),
+            batch_size=b, max_steps=max_steps, clip=None if dpsgd is not None else clip, rng=self.rng(server_round),
+            gradient=dpsgd,
         )
         largest = float(np.max(np.abs(res.y)))
         if not largest <= FLOAT32_MAX:  # NaN fails this too; nothing is sent, the dual is not saved
@@ -76,7 +83,7 @@ class FedPDMClient(BroadcastClient):
                              f"after {res.steps} step(s) of size eta = {eta:g}; lower the strategy's eta0")
         self.save_vector(DUAL, res.dual)
         idx = self.uplink_indices(res.y, cfg, server_round)  # (18)
-        sens = fedpdm_sensitivity(eta, rho, res.steps, clip) if clip is not None else 0.0
+        sens = fedpdm_sensitivity(eta, rho, res.steps, clip) if clip is not None and dpsgd is None else 0.0
         values, metrics = self.release(res.y[idx], server_round, cfg, sensitivity=sens, steps=res.steps, batch_size=b)
         metrics.update({
             "Q": res.steps,
@@ -84,10 +91,11 @@ class FedPDMClient(BroadcastClient):
             "final_dir_sqnorm": res.final_dir_sqnorm,
             "k_up": len(idx),
             "uplink_bits_paper": 32 * len(idx),
-            "train_loss": self.data_loss(res.x),
             "primal_residual": float(np.linalg.norm(res.x - x0)),
             "dual_norm": float(np.linalg.norm(res.dual)),
         })
+        if dpsgd is None:  # under DP-SGD the loss on the raw records would be a release outside the accountant
+            metrics["train_loss"] = self.data_loss(res.x)
         return self.finish(self.encode(idx, values), metrics)
 
 

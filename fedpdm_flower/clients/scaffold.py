@@ -57,7 +57,7 @@ class ScaffoldClient(LocalSGDClient):
         dc_up = scaffold_control_delta(c[idx], dy_up, res.steps, eta)  # from the released Delta y: post-processing
         ci[idx] += dc_up
         self.save_vector(CONTROL, ci)
-        metrics.update(self.round_metrics(res, len(idx)))
+        metrics.update(self.round_metrics(res, len(idx), private="eps_dpsgd" in metrics))
         metrics["control_norm"] = float(np.linalg.norm(ci))
         sparse = cfg.choice("uplink", ("dense", "topk", "randk"), "dense") != "dense"
         arrays, metrics[FORMAT_KEY] = pair_to_arrays(SparseVector(indices=idx, values=dy_up, dim=d), dc_up, sparse=sparse)

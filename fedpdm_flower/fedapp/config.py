@@ -15,7 +15,7 @@ from typing import Any
 
 Scalar = int | float | bool | str
 # kept literal (not imported from fedpdm_flower.fedapp.data) so that parsing a config never imports the data stack
-MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "lenet5", "lenet5-valid", "cnn", "resnet20")
+MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "tiny-cnn", "lenet5", "lenet5-valid", "cnn", "resnet20")
 DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10", "covtype", "synthetic", "synthetic-10class", "synthetic-binary")
 
 
@@ -99,9 +99,13 @@ class RunConfig:
     max_local_steps: int = field(default=10, metadata=_key("max-local-steps", lambda v: v >= 1))
     init_std: float = field(default=0.01, metadata=_key("init-std", _nonneg))
     dp: bool = field(default=True, metadata=_key("dp"))
-    # "gdp": noise that meets (epsilon-total, delta) exactly for one record, over every round (GaussianTarget);
-    # "eq36": the paper's calibration (36), whose figure a rigorous accountant does not confirm (README)
-    dp_calibration: str = field(default="gdp", metadata=_key("dp-calibration", _choice("gdp", "eq36")))
+    # "dpsgd": record-level DP-SGD on every device, (epsilon-total, delta) for one record under the RDP accountant
+    # (PrivacyTarget; docs/private-learning.md); "gdp": the paper's noise on the upload at an exact GDP target, no
+    # amplification (GaussianTarget); "eq36": the paper's calibration (36), whose figure a rigorous accountant does
+    # not confirm (README)
+    dp_calibration: str = field(default="gdp", metadata=_key("dp-calibration", _choice("gdp", "eq36", "dpsgd")))
+    dp_sample_rate: float = field(default=0.0, metadata=_key(
+        "dp-sample-rate", lambda v: 0 <= v <= 1, "q of DP-SGD's Poisson sampling; 0 = batch-size / records per client"))
     epsilon_total: float = field(default=8.0, metadata=_key("epsilon-total", _positive))
     delta: float = field(default=1e-5, metadata=_key("delta", _prob))
     clip_norm: float = field(default=1.0, metadata=_key("clip-norm", _positive))
@@ -352,6 +356,7 @@ _RANGES = {
     "rho": "> 0",
     "eta0": "> 0",
     "clip-norm": "> 0",
+    "dp-sample-rate": "in [0, 1] (0: batch-size / records per client)",
     "c0": "> 0",
     "privacy-q-power": "> 0",
     "feddyn-alpha": "> 0",

@@ -21,9 +21,12 @@ COMMON_KEYS = (
     "first-round-all", "num-server-rounds", "seed", "out-dir", "batch-size", "eta0", "max-local-steps", "init-std",
     "beta", "labels-per-client", "samples-per-client", "dirichlet-alpha", "eval-every", "node-wait-s", "dp",
 )
-DP_KEYS = ("epsilon-total", "delta", "clip-norm", "c0", "privacy-q-power", "privacy-horizon")
+DP_KEYS = ("dp-calibration", "dp-sample-rate", "epsilon-total", "delta", "clip-norm", "c0", "privacy-q-power",
+           "privacy-horizon")
 FEDPDM_KEYS = ("rho", "nu", "gamma")
 FEDPDM_CHECKS = "fedpdm_flower.fedapp.apps.fedpdm:validate_config"
+#: x_0^0 of the seed-000 family: the numpy model's N(0, init-std^2) point, or a torch zoo network's initial state dict
+BROADCAST_INITIAL = "fedpdm_flower.fedapp.apps.fedpdm:broadcast_initial"
 SPARSE_KEYS = ("alpha-up", "alpha-down", "uplink-sparsifier")
 IADMM_KEYS = (
     "iadmm-epsilon", "iadmm-beta", "rho-schedule", "rho", "rho-c1", "rho-c2", "rho-period", "rho-max", "noise-seed",
@@ -148,17 +151,18 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "dp-fedpdm": AlgorithmSpec(
         "fedpdm_flower.fedapp.apps.fedpdm:broadcast_strategy", "fedpdm_flower.fedapp.apps.fedpdm:broadcast_client", FEDPDM_KEYS,
         "DP federated primal-dual method (Alg. 1): duals on clients, Gaussian noise, l1 prox at the server", SEED000,
-        FEDPDM_CHECKS,
+        FEDPDM_CHECKS, initial=BROADCAST_INITIAL,
     ),
     "bsdp-fedpdm": AlgorithmSpec(
         "fedpdm_flower.fedapp.apps.fedpdm:broadcast_strategy", "fedpdm_flower.fedapp.apps.fedpdm:broadcast_client", FEDPDM_KEYS + SPARSE_KEYS,
         "DP-FedPDM with bidirectional top-k / rand-k sparsification (Alg. 2)", SEED000, FEDPDM_CHECKS,
+        initial=BROADCAST_INITIAL,
     ),
     # Baselines of seed 000 (Figs. 7-8); DP, l1 and sparsification treatment are ours (spec 6.4, A22).
     "fedavg": AlgorithmSpec(
         "fedpdm_flower.fedapp.apps.fedpdm:broadcast_strategy", "fedpdm_flower.fedapp.apps.fedpdm:broadcast_client", ("gamma",),
         "FedAvg / DP-FedAvg baseline: Q local SGD steps on f_i + gamma*||x||_1 (subgradient), unweighted model mean",
-        FEDAVG_PAPER,
+        FEDAVG_PAPER, initial=BROADCAST_INITIAL,
     ),
     "fedavg-sparse": AlgorithmSpec(
         "fedpdm_flower.fedapp.apps.fedpdm:broadcast_strategy", "fedpdm_flower.fedapp.apps.fedpdm:broadcast_client", ("gamma", *SPARSE_KEYS),

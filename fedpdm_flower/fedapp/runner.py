@@ -44,6 +44,9 @@ class RunFailed(RuntimeError):
 
 #: what each privacy figure in a results.json summary is (only the keys a run reports are echoed)
 ACCOUNTANT_DOCS = {
+    "eps_dpsgd": "record-level DP-SGD on the device: Renyi DP of the Poisson-subsampled Gaussian (Mironov, Talwar & "
+                 "Zhang 2019; Opacus's analysis) composed over every step the device ever took, worst client; the "
+                 "calibration target of dp-calibration = dpsgd",
     "eps_gdp": "Gaussian DP (Dong, Roth & Su 2022): the exact epsilon of the composed Gaussian releases, no "
                "subsampling amplification (the server samples and sees every upload), worst client; the "
                "calibration target of dp-calibration = gdp",
@@ -68,7 +71,7 @@ def accountant_docs(privacy: dict[str, float]) -> dict[str, str]:
 
 
 #: summary key -> (accountant name, rigorous?) of the named entries in results.json's summary["privacy_by_accountant"]
-_ACCOUNTANT_NAMES = {"eps_gdp": ("gdp", True), "eps_rdp": ("rdp", True), "eps_basic": ("basic composition", False),
+_ACCOUNTANT_NAMES = {"eps_dpsgd": ("rdp, subsampled Gaussian (DP-SGD)", True), "eps_gdp": ("gdp", True), "eps_rdp": ("rdp", True), "eps_basic": ("basic composition", False),
                      "eps_eq36": ("paper eq. (36)", False), "eps_advanced": ("advanced composition", True),
                      "eps_theorem3_realised": ("paper Theorem 3 (zCDP)", True), "dpq_eps": ("paper Theorem 1", False)}
 #: algorithm family -> the unit the sensitivity protects
@@ -180,6 +183,9 @@ def finish(
         "privacy_accountants": accountant_docs(strategy.privacy_summary()),
         "privacy_by_accountant": privacy_entries(cfg, strategy.privacy_summary()),
     }
+    per_device = getattr(strategy, "client_privacy", None)
+    if per_device:  # each client's latest figures (and what recomputes them, e.g. DP-SGD's z, q, steps)
+        summary["privacy_per_device"] = {str(cid): dict(v) for cid, v in sorted(per_device.items())}
     out = resolve_out_dir(cfg, out_dir)
     config = {**ALGORITHMS[cfg.algorithm].used_config(cfg), "out-dir": str(out)}
     doc = build_results(

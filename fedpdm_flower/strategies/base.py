@@ -202,6 +202,9 @@ class RoundBookkeeping:
     #: (client metric key, accountant name) of the rigorous cumulative epsilon the clients report, which
     #: :meth:`privacy_spent` returns when no server-side accountant is set; None: the headline figure
     RIGOROUS_PRIVACY: tuple[str, str] | None = None
+    #: client metric keys kept per client beside PRIVACY_KEYS but not summarised (what a second library needs to
+    #: recompute a device's figure, e.g. DP-SGD's z, q and steps); results.json's summary["privacy_per_device"]
+    PRIVACY_DETAIL_KEYS: tuple[str, ...] = ()
 
     def init_bookkeeping(self, *, eval_every: int = 1) -> None:
         """Empty history, privacy table and per-round accumulators."""
@@ -369,8 +372,8 @@ class RoundBookkeeping:
 
     def record_privacy(self, client: int, metrics: Mapping[str, Any]) -> None:
         """Keep a client's latest cumulative privacy figures (clients not sampled keep theirs)."""
-        priv = {k: float(v) for k in (*self.PRIVACY_KEYS, "participations")
-                if isinstance(v := metrics.get(k), int | float)}
+        priv = {k: float(v) for k in (*self.PRIVACY_KEYS, *self.PRIVACY_DETAIL_KEYS, "participations")
+                if isinstance(v := metrics.get(k), int | float) and not isinstance(v, bool)}
         before = self.client_privacy.get(client, {}).get("participations", 0.0)
         if before and priv.get("participations", math.inf) <= before:  # its ledger restarted: a node without the
             # old context.state (each accepted release adds one participation, so the count must grow)
@@ -705,9 +708,11 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI) for nid in ids]
         reported: dict[int, tuple[int, int | None]] = {}
         failed: dict[int, str] = {}
+        infos: dict[int, dict[str, Any]] = {}
         for reply in grid.send_and_receive(msgs, timeout=self.node_wait_s):
             nid = reply.metadata.src_node_id
             info = {} if reply.has_error() else dict(reply.content.config_records.get("info", ConfigRecord()))
+            infos[nid] = info
             pid, parts = info.get("partition-id"), info.get("num-partitions")
             if isinstance(pid, int) and not isinstance(pid, bool) and pid >= 0:
                 reported[nid] = (pid, parts if isinstance(parts, int) else None)
@@ -716,6 +721,11 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         node_of = self._number_nodes(ids, reported, failed)
         self.attach(node_of)
         log(INFO, "%d nodes mapped to clients 0..%d", len(node_of), len(node_of) - 1)
+        self.check_nodes({cid: infos.get(nid, {}) for cid, nid in node_of.items()})
+
+    def check_nodes(self, infos: Mapping[int, Mapping[str, Any]]) -> None:
+        """What the nodes said of themselves in their whoami replies (client id -> info), before round 1: a strategy
+        refuses to start a run a node has already said it will refuse (e.g. a privacy floor below the target)."""
 
     def _number_nodes(self, ids: list[int], reported: dict[int, tuple[int, int | None]], failed: dict[int, str]) -> dict[int, int]:
         """client id -> node id from the whoami replies (partition ids if every node gave a distinct one)."""

@@ -17,8 +17,10 @@ from fedpdm_flower.fedapp.compression.codec import SparseVector, decode_vector, 
 from fedpdm_flower.fedapp.compression.payload import FORMAT_KEY, from_arrays, to_arrays
 from fedpdm_flower.fedapp.compression.sparsify import RandK, TopK
 from fedpdm_flower.fedapp.layout import FloatArray
+from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDMechanism
 from fedpdm_flower.fedapp.privacy.gaussian import Calibration, Eq36Calibration, GaussianTarget
 from fedpdm_flower.fedapp.privacy.protocol import privacy_guard
+from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
 from fedpdm_flower.strategies.base import FederatedStrategy, Scalar
 
 __all__ = ["BroadcastStrategy", "round_diagnostics"]
@@ -61,7 +63,12 @@ class BroadcastStrategy(FederatedStrategy):
     downlink
         ``TopK(alpha_D)`` to broadcast only top_k'(x) (eq. 27), or None (dense).
     privacy
-        :class:`fedpdm_flower.fedapp.privacy.gaussian.Eq36Calibration` for the paper's Gaussian mechanism, or None (no noise).
+        :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` for record-level DP-SGD on every device (the
+        local steps are DP-SGD steps: z calibrated once for ``max_local_steps`` steps a participation over the
+        target's horizon, sent with q, C and the steps in every message);
+        :class:`fedpdm_flower.fedapp.privacy.gaussian.Eq36Calibration` for the paper's Gaussian mechanism on the
+        upload (the reproduction setting); ``GaussianTarget`` for that mechanism at an exact GDP target; None: no
+        noise.
     accountant
         Server-side accounting of each client's releases with Flower's privacy protocol, with a budget that stops
         the run before a release would pass it (:meth:`~fedpdm_flower.strategies.base.RoundBookkeeping.set_accountant`); None
@@ -70,8 +77,8 @@ class BroadcastStrategy(FederatedStrategy):
         :class:`fedpdm_flower.strategies.base.FederatedStrategy`'s arguments (fraction_train, min_available_nodes, seed, ...).
     """
 
-    PRIVACY_KEYS = ("eps_eq36", "eps_gdp", "eps_rdp", "eps_basic", "delta_basic")
-    RIGOROUS_PRIVACY = ("eps_gdp", "gdp (device ledgers)")
+    PRIVACY_KEYS = ("eps_dpsgd", "eps_eq36", "eps_gdp", "eps_rdp", "eps_basic", "delta_basic")
+    PRIVACY_DETAIL_KEYS = ("dp_noise_multiplier", "dp_sample_rate", "dp_steps", "dp_mechanisms")
 
     def __init__(self, *, eta0: float = 0.04, max_local_steps: int = 10, batch_size: int | None = None,
                  uplink: TopK | None = None, downlink: TopK | None = None, privacy: Calibration | None = None,
@@ -89,8 +96,12 @@ class BroadcastStrategy(FederatedStrategy):
             raise TypeError(f"uplink must be TopK(...) or RandK(...), got {type(uplink).__name__}")
         if downlink is not None and (not isinstance(downlink, TopK) or isinstance(downlink, RandK)):
             raise TypeError(f"downlink must be TopK(...) (the server sends its largest entries), got {downlink!r}")
-        if privacy is not None and not isinstance(privacy, Eq36Calibration | GaussianTarget):
-            raise TypeError(f"privacy must be GaussianTarget(...) or Eq36Calibration(...), got {type(privacy).__name__}")
+        if privacy is not None and not isinstance(privacy, PrivacyTarget | Eq36Calibration | GaussianTarget):
+            raise TypeError(f"privacy must be PrivacyTarget(...), Eq36Calibration(...) or GaussianTarget(...), got "
+                            f"{type(privacy).__name__}")
+        if isinstance(privacy, PrivacyTarget):
+            privacy.rate(type(self).__name__)  # DP-SGD needs q: refused here, with what to pass
+        self.mechanism: DPSGDMechanism | None = None  # DP-SGD's (z, q, C, steps), calibrated by prepare()
         self.eta0 = float(eta0)
         self.max_local_steps = max_local_steps
         self.batch_size = batch_size
@@ -128,9 +139,42 @@ class BroadcastStrategy(FederatedStrategy):
             cfg["k-up"] = self.upload_k
         p = self.privacy
         cfg["dp"] = p is not None
-        if p is not None:
+        if isinstance(p, PrivacyTarget):
+            cfg.update(p.message_config(self.dpsgd_mechanism()))
+        elif p is not None:
             cfg.update(p.message_config(self.num_rounds, self.sample_size() / self.num_clients))
         return cfg
+
+    def dpsgd_mechanism(self) -> DPSGDMechanism:
+        """DP-SGD's (z, q, C, steps) for this run: z calibrated for ``max_local_steps`` steps in each of the
+        target's horizon (default: every round) participations, under the RDP accountant."""
+        if not isinstance(self.privacy, PrivacyTarget):
+            raise RuntimeError(f"{type(self).__name__} runs DP-SGD only with privacy=PrivacyTarget(...)")
+        if self.mechanism is None:
+            self.mechanism = self.privacy.mechanism(self.max_local_steps, max(1, int(self.num_rounds or 1)),
+                                                    owner=type(self).__name__)
+        return self.mechanism
+
+    def check_nodes(self, infos: Any) -> None:
+        """Refuse, before round 1, a DP-SGD target above the floor a device reported (``dp-max-epsilon``): that
+        device would refuse its messages once its spend passes the floor."""
+        if not isinstance(self.privacy, PrivacyTarget):
+            return
+        for cid, info in sorted(infos.items()):
+            floor = info.get("dp-max-epsilon")
+            if isinstance(floor, int | float) and not isinstance(floor, bool) and floor < self.privacy.epsilon:
+                raise ValueError(
+                    f"client {cid} (node {self.node_of.get(cid)}) accepts at most epsilon = {floor:g} (its max_epsilon), "
+                    f"but PrivacyTarget epsilon = {self.privacy.epsilon:g} would take it there: lower the target's "
+                    "epsilon or its horizon, or leave that device out")
+
+    def prepare(self, num_rounds: int, **kwargs: Any) -> None:
+        """:meth:`FederatedStrategy.prepare`, then DP-SGD's calibration for this run's length: a target no noise
+        can meet is refused here, before round 1, naming the knob."""
+        super().prepare(num_rounds, **kwargs)
+        self.mechanism = None
+        if isinstance(self.privacy, PrivacyTarget):
+            self.dpsgd_mechanism()
 
     def round_config(self) -> dict[str, Scalar]:
         """Algorithm-specific config sent with the model (none for FedAvg)."""
@@ -155,15 +199,26 @@ class BroadcastStrategy(FederatedStrategy):
         return np.asarray(update.values - self.x[update.indices], dtype=np.float64)
 
     def headline_privacy(self, priv: Any) -> tuple[float | None, float | None]:
-        """results.json's (epsilon, delta): the worst client's figure of the calibration's own accountant (the
-        exact GDP epsilon for a GaussianTarget, eq. (36) for the paper's calibration)."""
-        key = "eps_gdp" if isinstance(self.privacy, GaussianTarget) else "eps_eq36"
+        """results.json's (epsilon, delta): the worst client's figure of the calibration's own accountant (RDP of
+        every DP-SGD step for a PrivacyTarget, the exact GDP epsilon for a GaussianTarget, eq. (36) for the paper's
+        calibration)."""
+        key = ("eps_dpsgd" if isinstance(self.privacy, PrivacyTarget)
+               else "eps_gdp" if isinstance(self.privacy, GaussianTarget) else "eps_eq36")
         if self.privacy is not None and key in priv:
             return float(priv[key]), self.privacy.delta
         return None, None
 
     @property
+    def RIGOROUS_PRIVACY(self) -> tuple[str, str]:  # type: ignore[override]
+        """The rigorous figure the devices report: DP-SGD's RDP, else the exact GDP of the upload noise."""
+        if isinstance(self.privacy, PrivacyTarget):
+            return ("eps_dpsgd", "rdp of every DP-SGD step (device ledgers)")
+        return ("eps_gdp", "gdp (device ledgers)")
+
+    @property
     def privacy_label(self) -> str:  # type: ignore[override]
+        if isinstance(self.privacy, PrivacyTarget):
+            return "eps(dpsgd)"
         return "eps(gdp)" if isinstance(self.privacy, GaussianTarget) else "eps(36)"
 
     def describe(self) -> dict[str, Any]:

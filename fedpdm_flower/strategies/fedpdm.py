@@ -14,6 +14,7 @@ from typing import Any
 from fedpdm_flower.fedapp.algorithms.fedpdm import server_update
 from fedpdm_flower.fedapp.compression.codec import FLOAT32_MAX
 from fedpdm_flower.fedapp.compression.sparsify import TopK
+from fedpdm_flower.fedapp.privacy.target import MISSING, require_privacy
 from fedpdm_flower.strategies.base import Scalar
 from fedpdm_flower.strategies.broadcast import BroadcastStrategy, round_diagnostics
 
@@ -43,7 +44,17 @@ class DPFedPDM(BroadcastStrategy):
         Sparsifiers (BSDP-FedPDM, Alg. 2): ``TopK(alpha_U)`` / ``RandK(alpha_U)`` and ``TopK(alpha_D)``; None is
         dense (DP-FedPDM).
     privacy
-        :class:`fedpdm_flower.fedapp.privacy.gaussian.Eq36Calibration` (the paper's (36)); None trains without noise.
+        Required (a DP-named strategy picks no epsilon for you):
+
+        * :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` -- record-level DP-SGD: the steps of (8a) are
+          DP-SGD steps on every device (Poisson sampling at ``sample_rate``, per-record clipping to ``clip_norm``,
+          Gaussian noise each step), every one of the ``max_local_steps`` steps a participation may take charged
+          to the device's RDP ledger; the duals, the proximal term, the sparsifiers and the noise-free upload are
+          post-processing. (epsilon, delta) holds for one record of each device against everyone, the server too.
+        * :class:`fedpdm_flower.fedapp.privacy.gaussian.Eq36Calibration` -- the paper's own mechanism (noise on the
+          upload, calibrated by (32)/(36)): the reproduction setting; the devices report its rigorous GDP / RDP
+          epsilon beside the paper's figure.
+        * ``None`` -- no noise, said explicitly.
     first_round_all
         S_0 = [N]: every client in round 1 (Alg. 1 line 2; default True).
     **federation
@@ -51,14 +62,15 @@ class DPFedPDM(BroadcastStrategy):
 
     Examples
     --------
-    >>> strategy = BSDPFedPDM(fraction_train=0.3, min_available_nodes=10, uplink=TopK(0.1), downlink=TopK(0.75),
-    ...                       privacy=Eq36Calibration(epsilon=8.0, delta=1e-5))
+    >>> strategy = BSDPFedPDM(fraction_train=1.0, min_available_nodes=10, uplink=TopK(0.5), downlink=TopK(0.75),
+    ...                       privacy=PrivacyTarget(epsilon=8.0, sample_rate=64 / 6000))
     >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=50)
     """
 
     def __init__(self, *, rho: float = 10.0, gamma: float = 0.005, nu: float = 0.01, first_round_all: bool = True,
-                 **kwargs: Any) -> None:
-        super().__init__(first_round_all=first_round_all, **kwargs)
+                 privacy: Any = MISSING, **kwargs: Any) -> None:
+        privacy = require_privacy(privacy, type(self).__name__, "Eq36Calibration(epsilon=..., delta=...)")
+        super().__init__(first_round_all=first_round_all, privacy=privacy, **kwargs)
         if not (isinstance(rho, int | float) and rho > 0):
             raise ValueError(f"rho must be > 0, got {rho!r}")
         if not (isinstance(gamma, int | float) and gamma >= 0):

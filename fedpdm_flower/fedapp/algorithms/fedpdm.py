@@ -15,6 +15,7 @@ Server: x_0^{t+1} = prox_{h/rho}(element-wise mean of the received y's)         
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,7 @@ def local_update(
     max_steps: int,
     clip: float | None,
     rng: np.random.Generator,
+    gradient: Callable[[FloatArray], FloatArray] | None = None,
 ) -> LocalResult:
     """Alg. 1 lines 4-10: local primal steps (8a) with the stopping rule (10), then (8c) and (8d).
 
@@ -84,17 +86,26 @@ def local_update(
     round, as in Thm. 2's proof, spec A8). The tested quantity in (10) is the squared norm of the same direction
     used in the step, tested after the step, so Q >= 1 (spec A7). ``data`` is the client's D_i
     (:mod:`fedpdm_flower.fedapp.localdata`): numpy arrays or a torch dataset, read by index.
+
+    ``gradient`` replaces the mini-batch gradient of (8a) by an oracle called once per step at x: record-level
+    DP-SGD (:class:`fedpdm_flower.fedapp.privacy.dpsgd.DPSGDStep`, which Poisson-samples the records itself, so
+    neither the permutation nor the cap Q b < |D_i| applies and ``batch_size`` / ``clip`` are unused). Everything
+    else -- the dual term, the proximal pull, the stopping rule (10), (8c), (8d) -- is post-processing of its
+    releases.
     """
     n = len(data)
-    q_max = max_steps_for(n, batch_size, max_steps)
-    perm = rng.permutation(n)
+    q_max = max_steps if gradient is not None else max_steps_for(n, batch_size, max_steps)
+    perm = rng.permutation(n) if gradient is None else np.arange(0)
     x = x0.copy()
     sq = float("nan")
     steps, stopped = q_max, False
     full_batch = batch_size >= n
     for r in range(q_max):
-        batch = perm if full_batch else perm[r * batch_size : (r + 1) * batch_size]
-        g = clip_by_norm(model.grad(x, *data.batch(batch)), clip)
+        if gradient is not None:
+            g = gradient(x)
+        else:
+            batch = perm if full_batch else perm[r * batch_size : (r + 1) * batch_size]
+            g = clip_by_norm(model.grad(x, *data.batch(batch)), clip)
         direction = g - dual + rho * (x - x0)
         x = x - eta * direction  # (8a)
         sq = float(direction @ direction)

@@ -39,7 +39,7 @@ data-dependent part of a step has norm <= G, and sign(x) differs between neighbo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +74,7 @@ def local_sgd(
     prox: float = 0.0,
     correction: FloatArray | None = None,
     linear: FloatArray | None = None,
+    gradient: Callable[[FloatArray], FloatArray] | None = None,
 ) -> LocalSGDResult:
     """Q local (sub)gradient steps from x0, the loop shared by FedAvg, FedProx, SCAFFOLD and FedDyn.
 
@@ -107,6 +108,10 @@ def local_sgd(
         Constant vector added to every direction: SCAFFOLD's c - c_i (default None: none).
     linear
         Constant vector subtracted from every direction: FedDyn's grad L_i (default None: none).
+    gradient
+        Record-level DP-SGD instead of the mini-batch gradient (:class:`fedpdm_flower.fedapp.privacy.dpsgd.DPSGDStep`):
+        called once per step at x, it samples the records itself, so ``max_steps`` steps run without the cap and
+        ``batch_size`` / ``clip`` are unused; ``gamma sign(x)`` (data-independent) is added to its release.
 
     Returns
     -------
@@ -114,13 +119,16 @@ def local_sgd(
         The local model x_i^{t+1} = x^{t,Q} and Q.
     """
     n = len(data)
-    q = max_steps_for(n, batch_size, max_steps)
-    perm = rng.permutation(n)
+    q = max_steps if gradient is not None else max_steps_for(n, batch_size, max_steps)
+    perm = rng.permutation(n) if gradient is None else np.arange(0)
     full_batch = batch_size >= n
     x = x0.copy()
     for r in range(q):
-        batch = perm if full_batch else perm[r * batch_size : (r + 1) * batch_size]
-        g = clip_by_norm(model.grad(x, *data.batch(batch)) + gamma * np.sign(x), clip)
+        if gradient is not None:
+            g = gradient(x) + gamma * np.sign(x)
+        else:
+            batch = perm if full_batch else perm[r * batch_size : (r + 1) * batch_size]
+            g = clip_by_norm(model.grad(x, *data.batch(batch)) + gamma * np.sign(x), clip)
         direction = g + prox * (x - x0)
         if correction is not None:
             direction = direction + correction

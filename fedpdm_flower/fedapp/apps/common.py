@@ -16,6 +16,7 @@ from fedpdm_flower.fedapp.task import Evaluator, build_model
 if TYPE_CHECKING:
     from fedpdm_flower.fedapp.compression.sparsify import TopK
     from fedpdm_flower.fedapp.privacy.gaussian import Eq36Calibration, GaussianTarget
+    from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
@@ -30,18 +31,35 @@ def federation(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def calibration(cfg: RunConfig) -> GaussianTarget | Eq36Calibration | None:
-    """The Gaussian calibration of the dp / dp-calibration / epsilon-total / delta / clip-norm keys (and c0,
-    privacy-q-power for the paper's (36)), or None without DP."""
+def calibration(cfg: RunConfig) -> PrivacyTarget | GaussianTarget | Eq36Calibration | None:
+    """The privacy of the dp / dp-calibration / epsilon-total / delta / clip-norm keys: record-level DP-SGD
+    (dp-sample-rate; 0 = batch-size over the records of one client), the paper's noise at an exact GDP target, or
+    the paper's own (36) (c0, privacy-q-power); None without DP."""
     from fedpdm_flower.fedapp.privacy.gaussian import Eq36Calibration, GaussianTarget
+    from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
 
     if not cfg.dp:
         return None
+    if cfg.dp_calibration == "dpsgd":
+        return PrivacyTarget(epsilon=cfg.epsilon_total, delta=cfg.delta, clip_norm=cfg.clip_norm,
+                             sample_rate=dpsgd_sample_rate(cfg), horizon=cfg.privacy_horizon or None)
     if cfg.dp_calibration == "gdp":
         return GaussianTarget(epsilon=cfg.epsilon_total, delta=cfg.delta, clip_norm=cfg.clip_norm,
                               horizon=cfg.privacy_horizon or None)
     return Eq36Calibration(epsilon=cfg.epsilon_total, delta=cfg.delta, clip_norm=cfg.clip_norm, c0=cfg.c0,
                            q_power=cfg.privacy_q_power, horizon=cfg.privacy_horizon or None)
+
+
+def dpsgd_sample_rate(cfg: RunConfig) -> float:
+    """q of DP-SGD: ``dp-sample-rate``, or batch-size over the records of one client (``samples-per-client``, else the
+    training set split evenly: the nominal size; a node whose data-path holds other counts gets expected batches
+    of q times its own count)."""
+    if cfg.dp_sample_rate > 0:
+        return float(cfg.dp_sample_rate)
+    from fedpdm_flower.fedapp.task import total_train_samples
+
+    per_client = cfg.samples_per_client or total_train_samples(cfg) // cfg.num_clients
+    return min(1.0, cfg.batch_size / max(1, per_client))
 
 
 def codecs(cfg: RunConfig, sparse: bool) -> dict[str, TopK | None]:
@@ -86,6 +104,7 @@ def node_of(context: Context) -> tuple[int, int]:
 __all__ = [
     "calibration",
     "codecs",
+    "dpsgd_sample_rate",
     "evaluate_fn",
     "federation",
     "local_loop",

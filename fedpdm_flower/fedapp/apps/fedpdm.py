@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context
 
 from fedpdm_flower.fedapp.apps.common import calibration, codecs, federation, local_loop
 from fedpdm_flower.fedapp.config import RunConfig
-from fedpdm_flower.fedapp.task import build_model, node_dataset
+from fedpdm_flower.fedapp.task import build_model, build_net, is_torch_model, node_dataset
 
 if TYPE_CHECKING:
     from fedpdm_flower.clients.base import FedClient
@@ -41,8 +41,14 @@ def broadcast_strategy(cfg: RunConfig) -> FederatedStrategy:
 
 def flower_builtin_strategy(cfg: RunConfig) -> Any:
     """Flower's own FedAvg / FedProx with our local-SGD client (keys flwr-fedavg, flwr-fedprox)."""
+    from fedpdm_flower.fedapp.config import ConfigError
+    from fedpdm_flower.fedapp.privacy.target import PrivacyTarget
     from fedpdm_flower.strategies.flower_builtin import FlwrFedAvg, FlwrFedProx
 
+    if isinstance(calibration(cfg), PrivacyTarget):
+        raise ConfigError(f"run config key 'dp-calibration' = 'dpsgd' is not offered for {cfg.algorithm} (Flower's own "
+                          "strategy sends no DP-SGD mechanism): use algorithm 'fedavg' (ours, same local loop), or "
+                          "DeviceDPSGD in your own ClientApp under Flower's FedAvg")
     kw: dict[str, Any] = {
         **local_loop(cfg), "gamma": cfg.gamma, "privacy": calibration(cfg), "eval_every": cfg.eval_every,
         "fraction_train": cfg.clients_per_round / cfg.num_clients, "min_train_nodes": cfg.clients_per_round,
@@ -54,8 +60,9 @@ def flower_builtin_strategy(cfg: RunConfig) -> Any:
 
 
 def broadcast_client(cfg: RunConfig, context: Context) -> FedClient:
-    """The client of a seed-000 key: the run's numpy model on the node's data (its ``data-path`` files, else its
-    partition), the run seed."""
+    """The client of a seed-000 key: the run's model (a numpy linear model, or a network of the torch zoo) on the
+    node's data (its ``data-path`` files, else its partition), the run seed (which DP-SGD's sampling and noise never
+    use: they come from the device's own entropy)."""
     from fedpdm_flower.clients.fedavg import FedAvgClient
     from fedpdm_flower.clients.feddyn import FedDynClient
     from fedpdm_flower.clients.fedpdm import FedPDMClient
@@ -65,7 +72,20 @@ def broadcast_client(cfg: RunConfig, context: Context) -> FedClient:
     base = cfg.algorithm.removesuffix("-sparse").removeprefix("flwr-")
     cls: type[FedClient] = {"dp-fedpdm": FedPDMClient, "bsdp-fedpdm": FedPDMClient, "fedavg": FedAvgClient,
                             "fedprox": FedAvgClient, "scaffold": ScaffoldClient, "feddyn": FedDynClient}[base]
-    return cls(build_model(cfg, info), data, context=context, seed=cfg.seed)
+    model: Any = build_net(cfg, info) if is_torch_model(cfg) else build_model(cfg, info)
+    return cls(model, data, context=context, seed=cfg.seed)
+
+
+def broadcast_initial(cfg: RunConfig) -> ArrayRecord:
+    """x_0^0: N(0, init-std^2) i.i.d. for a numpy model (spec A9); for a torch network its state dict after torch's
+    default initialisation seeded with the run seed (float32)."""
+    from fedpdm_flower.fedapp.apps.common import numpy_initial_model
+
+    if not is_torch_model(cfg):
+        return numpy_initial_model(cfg)
+    from fedpdm_flower.fedapp.apps.fedrep import fedrep_initial
+
+    return fedrep_initial(cfg)
 
 
 
@@ -87,4 +107,4 @@ def validate_config(cfg: RunConfig) -> None:
         )
 
 
-__all__ = ["broadcast_client", "broadcast_strategy", "flower_builtin_strategy", "validate_config"]
+__all__ = ["broadcast_client", "broadcast_initial", "broadcast_strategy", "flower_builtin_strategy", "validate_config"]

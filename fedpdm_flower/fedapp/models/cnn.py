@@ -1,5 +1,9 @@
 """Small torch CNNs for 28x28 grey images (MNIST / Fashion-MNIST), used by the deep-learning issues.
 
+:class:`TinyCNN`: conv(1,8,5)-pool-conv(8,16,5)-pool-fc(256,64)-fc(64,classes), 20,522 parameters for 10 classes,
+no BatchNorm: the CNN of ``bench --suite dp-anchor`` and of the quick start (record-level DP-SGD clips each record's
+gradient, and its noise norm grows with sqrt(d), so a small model without running statistics is the DP choice).
+
 :class:`SmallCNN`: two 5x5 'same' conv layers (32, 64 channels) each followed by 2x2 max-pooling, a 512-unit hidden
 layer and the output layer: the "CNN" of McMahan et al. (2017) that most FL papers reuse, 1,663,370 parameters as
 stated there.
@@ -12,6 +16,32 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+class TinyCNN(nn.Module):
+    """Conv(1->8,5) - ReLU - pool - Conv(8->16,5) - ReLU - pool - FC(256->64) - ReLU - FC(64->classes).
+
+    20,522 trainable parameters for 10 classes (208 + 3,216 + 16,448 + 650), no buffers.
+
+    Parameters
+    ----------
+    num_classes
+        Output classes (default 10, MNIST).
+    in_channels
+        Input channels (default 1, grey images).
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 8, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 5), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch shaped (B, C, 28, 28), or (B, 784[+1]) flat features (a bias column is dropped)."""
+        if x.dim() == 2:
+            x = x[:, : 28 * 28].reshape(-1, 1, 28, 28)
+        return self.classifier(self.features(x))  # type: ignore[no-any-return]
 
 
 class SmallCNN(nn.Module):

@@ -26,6 +26,7 @@ from fedpdm_flower.fedapp.models.torch_model import TorchModel
 
 #: model key -> (constructor(num_classes) -> module, expected input shape without the batch dimension)
 TORCH_MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "tiny-cnn": ("fedpdm_flower.fedapp.models.cnn:TinyCNN", (1, 28, 28)),
     "lenet5": ("fedpdm_flower.fedapp.models.cnn:LeNet5", (1, 28, 28)),
     "lenet5-valid": ("fedpdm_flower.fedapp.models.cnn:LeNet5Valid", (1, 28, 28)),
     "cnn": ("fedpdm_flower.fedapp.models.cnn:SmallCNN", (1, 28, 28)),

@@ -426,10 +426,13 @@ class DPSGDLedger:
         The running RDP vector at Opacus's orders (empty: nothing spent).
     history
         ``[(z, q, steps), ...]``, one entry per distinct (z, q).
+    participations
+        How many times steps were charged (one per message the device answered).
     """
 
     rdp: list[float] = field(default_factory=list)
     history: list[tuple[float, float, int]] = field(default_factory=list)
+    participations: int = 0
 
     def __post_init__(self) -> None:
         self.rdp = [float(v) for v in self.rdp]
@@ -457,6 +460,7 @@ class DPSGDLedger:
     def record(self, mechanism: DPSGDMechanism) -> None:
         """Charge ``mechanism.steps`` steps."""
         self.rdp = [float(v) for v in self._added(mechanism)]
+        self.participations += 1
         key = (float(mechanism.noise_multiplier), float(mechanism.sample_rate))
         for i, (z, q, s) in enumerate(self.history):
             if (z, q) == key:
@@ -470,8 +474,9 @@ class DPSGDLedger:
         return 0.0 if not self.history else recompute_epsilon(self.history, delta)
 
     def to_record(self) -> dict[str, list[float]]:
-        """Plain lists for a ConfigRecord: the RDP vector and the flattened history."""
-        return {"rdp": list(self.rdp), "history": [float(v) for h in self.history for v in h]}
+        """Plain lists for a ConfigRecord: the RDP vector, the flattened history and the participation count."""
+        return {"rdp": list(self.rdp), "history": [float(v) for h in self.history for v in h],
+                "participations": [float(self.participations)]}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> DPSGDLedger:
@@ -488,7 +493,11 @@ class DPSGDLedger:
             for z, q, steps in hist:
                 ledger.record(DPSGDMechanism(noise_multiplier=z, sample_rate=q, clip_norm=1.0, steps=steps))
             return ledger
-        return cls(rdp=[float(v) for v in rdp], history=hist)
+        part = record.get("participations", [0.0])
+        count = part[0] if isinstance(part, list | tuple) and len(part) == 1 else part
+        if isinstance(count, bool) or not isinstance(count, int | float) or count < 0:
+            raise ValueError("a DP-SGD ledger record's 'participations' must be a number >= 0")
+        return cls(rdp=[float(v) for v in rdp], history=hist, participations=int(count))
 
     def save(self, path: str | Path) -> None:
         """Write the ledger to ``path`` (JSON) atomically."""
