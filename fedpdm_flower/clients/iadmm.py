@@ -85,8 +85,8 @@ from fedpdm_flower.fedapp.privacy.laplace import compose_laplace
 __all__ = ["IADMMClient", "OutPClient"]
 
 DUAL, START, META = "iadmm.dual", "iadmm.z", "iadmm.meta"
-#: the RNG streams of the Laplace / Gaussian output noise and of DP-SGD (sample and noise)
-STREAM_NOISE, STREAM_DPSGD = 1, 2
+#: the RNG stream of the paper mechanisms' noise (Laplace / Gaussian output)
+STREAM_NOISE = 1
 #: config keys shared with fedpdm_flower/strategies/iadmm.py (a client does not import server code)
 ALGORITHM_KEY, FORM_KEY, PLAN_KEY, WEIGHT_KEY = "iadmm-algorithm", "iadmm-form", "dp-plan-rounds", "iadmm-weight"
 PLAN_STEPS_KEY = "dp-plan-steps-per-round"
@@ -138,9 +138,9 @@ class IADMMClient(FedClient):
     context
         The node's Flower Context (bound per message by :meth:`client_app`).
     seed
-        The device's seed for its randomness (DP-SGD's samples and noise, the Laplace noise). None (default): the
-        operating system's entropy, which nobody else knows; a seed that others know lets them recompute the
-        samples and the noise, so an integer is for experiments only.
+        The device's seed for the paper's mechanisms' noise (Laplace, OutP's Gaussian), for reproductions; None
+        (default): the operating system's entropy. DP-SGD's samples and noise always come from the operating system's
+        entropy (the core's ``device_rng``), whatever the seed.
     noise_seed
         An extra seed of the noise streams only (default 0): the reproduction varies it to repeat a run with fresh
         noise and everything else equal.
@@ -217,7 +217,8 @@ class IADMMClient(FedClient):
             self.check_algorithm(cfg, plan=True)
             req = self.request(cfg, steps)
             self.guard(req, rounds, steps)
-        return {**super().get_properties(config), "num-examples": self.num_examples}
+        floor = {} if self.max_epsilon is None else {"dp-max-epsilon": self.max_epsilon}
+        return {**super().get_properties(config), "num-examples": self.num_examples, **floor}
 
     def check_algorithm(self, cfg: MessageConfig, *, plan: bool = False) -> None:
         """The message must be meant for this client's algorithm (a plan check may omit the key)."""
@@ -348,9 +349,10 @@ class IADMMClient(FedClient):
 
     # ---------------------------------------------------------------- what the message says
     def dp_rng(self, t: int) -> np.random.Generator:
-        """DP-SGD's generator (samples and noise): the core's ``device_rng`` (OS entropy) without a seed, else the
-        device's seed stream (experiments)."""
-        return device_rng() if self.seed is None else self.rng(t, STREAM_DPSGD, self.noise_seed)
+        """DP-SGD's generator (samples and noise): always the core's ``device_rng`` (the operating system's entropy),
+        never ``seed``: a seed somebody else knows (the reproduction app passes the server's run seed) would let them
+        recompute the samples and subtract the noise."""
+        return device_rng()
 
     def objective(self, cfg: MessageConfig, *, mode: str | None, clip: float, norm: int,
                   local_scale: bool) -> LocalObjective:

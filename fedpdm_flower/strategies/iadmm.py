@@ -234,6 +234,8 @@ class ConsensusADMM(FederatedStrategy):
     #: cumulative figures the devices report: DP-SGD's ledger (eps_dpsgd), the paper mechanism's Renyi-DP and basic
     #: composition
     PRIVACY_KEYS = ("eps_dpsgd", "eps_rdp", "eps_basic", "delta_basic")
+    #: what a second library needs to recompute a device's DP-SGD figure (results.json's privacy_per_device)
+    PRIVACY_DETAIL_KEYS = ("dp_noise_multiplier", "dp_sample_rate", "dp_steps", "dp_mechanisms")
     privacy_label = "eps"
     #: the algorithm the clients must run (sent as ``iadmm-algorithm``)
     algorithm = ""
@@ -298,12 +300,13 @@ class ConsensusADMM(FederatedStrategy):
 
     # ------------------------------------------------------------------ before round 1: I and the privacy plan
     def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
-        """Before the run's first round: ask every agent for its count I_p (without ``total_samples``) and, under
-        privacy, whether the whole run's plan stays within its floor."""
-        first = server_round == self.resume_round + 1
-        if not first or (self.total is not None and not self.private):
+        """Before round 1 of a fresh run: ask every agent for its count I_p (without ``total_samples``) and, under
+        privacy, whether the whole run's plan stays within its floor. A resumed run has I in its checkpoint and
+        asks nothing (its exchanges stay those of the uninterrupted run); its devices still check every message
+        against their floors before training."""
+        if server_round != 1 or self.resume_round or (self.total is not None and not self.private):
             return []
-        cfg: dict[str, Any] = self.plan.plan_config(self.num_rounds - self.resume_round) if self.private else {}
+        cfg: dict[str, Any] = self.plan.plan_config(self.num_rounds) if self.private else {}
         return self.to_all(WHOAMI, RecordDict({"config": ConfigRecord(cfg)}))
 
     def consume_pre_train(self, server_round: int, replies: Any) -> None:

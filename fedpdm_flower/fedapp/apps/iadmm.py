@@ -39,14 +39,20 @@ def epsilon_of(cfg: RunConfig) -> float | None:
 
 
 def privacy_of(cfg: RunConfig) -> Any:
-    """The ``privacy=`` of the run: None without ``dp``; else the paper's mechanism (the reproduction setting):
-    :class:`ObjectivePerturbation` (``iadmm-epsilon`` per solve, ``sensitivity-mode``, ``clip-l1``) for DP-IADMM,
-    :class:`OutputPerturbation` (``iadmm-epsilon``, ``outp-delta`` per step, ``outp-noise-std``) for OutP; the
-    devices report the rigorous composition at ``delta``."""
+    """The ``privacy=`` of the run: None without ``dp``; with ``dp-calibration = dpsgd`` record-level DP-SGD in the
+    local solves (``PrivacyTarget`` of ``epsilon-total``, ``delta``, ``clip-norm``, ``dp-sample-rate``,
+    ``privacy-horizon``); else the paper's mechanism (the reproduction setting): :class:`ObjectivePerturbation`
+    (``iadmm-epsilon`` per solve, ``sensitivity-mode``, ``clip-l1``) for DP-IADMM, :class:`OutputPerturbation`
+    (``iadmm-epsilon``, ``outp-delta`` per step, ``outp-noise-std``) for OutP; the devices report the rigorous
+    composition at ``delta``."""
     from fedpdm_flower.fedapp.algorithms.iadmm import ObjectivePerturbation, OutputPerturbation
 
     if not cfg.dp:
         return None
+    if cfg.dp_calibration == "dpsgd":
+        from fedpdm_flower.fedapp.apps.common import calibration
+
+        return calibration(cfg)
     if cfg.algorithm == "outp":
         return OutputPerturbation(cfg.iadmm_epsilon, delta_bar=cfg.outp_delta, noise_std=cfg.outp_noise_std,
                                   delta=cfg.delta)
@@ -109,6 +115,10 @@ def zero_initial_model(cfg: RunConfig) -> ArrayRecord:
 def validate_config(cfg: RunConfig) -> None:
     """Run-config rules of the DP-IADMM family; raises ConfigError naming the key."""
     name = cfg.algorithm
+    if cfg.dp and cfg.dp_calibration == "eq36":
+        raise ConfigError(
+            f"run config key 'dp-calibration' = 'eq36' is DP-FedPDM's calibration; algorithm {name!r} runs its own "
+            "paper mechanism (iadmm-epsilon per solve) unless dp-calibration = 'dpsgd' (record-level DP-SGD)")
     if cfg.model not in IADMM_MODELS:
         raise ConfigError(
             f"run config key 'model' must be one of {', '.join(repr(m) for m in IADMM_MODELS)} for algorithm "
