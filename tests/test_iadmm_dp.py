@@ -298,3 +298,18 @@ def test_the_mean_form_names_what_it_needs() -> None:
         inner.configure_train(1, ArrayRecord(Softmax(8, 3).state_dict()), ConfigRecord(), grid)
     with pytest.raises(ValueError, match="OutP runs in the replicated form only"):
         OutPClient(Softmax(8, 3), blobs(20, 0)).fit_mean(RecordDict(), {})
+
+
+def test_the_torch_softmax_nobias_is_the_numpy_model_63() -> None:
+    """The zoo's softmax-nobias (the dp-seeds references' model) computes the numpy multinomial-nobias's loss and
+    gradient at the same weights (the dataset's trailing bias column dropped by both)."""
+    from fedpdm_flower.fedapp.models.torch_net import TorchNet
+
+    rng = np.random.default_rng(5)
+    x = np.hstack([rng.uniform(0, 1, (20, 784)), np.ones((20, 1))])
+    y = rng.integers(0, 10, 20)
+    net, ref = TorchNet("softmax-nobias", 10, 785), MultinomialLogistic(10, 784, bias=False)
+    w = rng.normal(0, 0.05, ref.dim)
+    assert net.dim == ref.dim == 7840
+    assert net.loss(w, x, y) == pytest.approx(ref.loss(w, x, y), rel=1e-5)
+    np.testing.assert_allclose(net.grad(w, x, y), ref.grad(w, x, y), rtol=1e-4, atol=1e-6)
