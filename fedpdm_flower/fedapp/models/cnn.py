@@ -148,4 +148,7 @@ class SoftmaxRegression(nn.Module):
         self.fc = nn.Linear(in_channels * 28 * 28, num_classes, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch shaped (B, C, 28, 28), or (B, 784[+1]) flat features (a bias column is dropped)."""
+        if x.dim() == 2:
+            x = x[:, : self.fc.in_features]
         return self.fc(x.flatten(1))  # type: ignore[no-any-return]
