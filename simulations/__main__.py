@@ -145,6 +145,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from simulations.byzantine_table import fedrep_main
 
         return fedrep_main(Path(args.out), only=tuple(args.methods.split(",")) if args.methods else None)
+    if args.suite == "dp-seeds":
+        from simulations.dp_seeds import main as dp_seeds
+
+        return dp_seeds(Path(args.out), only=[m for m in (args.methods or "").split(",") if m] or None)
     if args.suite == "dp-anchor":
         from simulations.dp_anchor import main as dp_anchor
 
@@ -193,13 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="wall time per round: ours vs Flower FedAvg, in-process vs Flower")
     b.add_argument("--out", default="outputs/bench")
     b.add_argument("--rounds", type=int, default=10)
-    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "byzantine",
+    b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "dp-seeds", "byzantine",
                                        "byzantine-fedrep", "footprint"),
                    default="fedpdm",
                    help="fedpdm: the seed-000 benchmark; iadmm: DP-IADMM rounds/s on MNIST, in-process vs Flower; "
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
                         "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator; "
                         "dp-anchor: DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP vs DeviceDPSGD (about 2 h); "
+                        "dp-seeds: every DP seed algorithm without noise, at the paper's calibration, at record-level "
+                        "epsilon 1/3/8, beside DeviceDPSGD and CentralDP under Flower's FedAvg, and the DP/plain epoch "
+                        "speed ratio (--methods picks rows by name; rows add to --out's table); "
                         "byzantine: robust rules around Flower's FedAvg against attacks that break the mean (~5 min); "
                         "byzantine-fedrep: masked FedREP's rows of that table (--methods picks aggregators by row "
                         "name, e.g. 'FedREP + NNM + CClip (adaptive)'; about 7 s of CPU per cell, 10 rows of 17 cells); "
@@ -208,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.add_argument("--methods", default=None,
                    help="--suite dp-anchor: run only these methods (flower,flower-client,ours,dpsgd), adding rows to "
-                        "--out's table; --suite byzantine-fedrep: only these rows (comma-separated row names)")
+                        "--out's table; --suite byzantine-fedrep / dp-seeds: only these rows (comma-separated row "
+                        "names or parts of them)")
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="--suite fedrep only: override a task key, e.g. dataset=fashion-mnist (repeatable)")
     b.set_defaults(func=cmd_bench)

@@ -62,3 +62,9 @@ def test_bad_policies_are_refused() -> None:
                       ({"epsilon": 1.0, "max_rounds": 1, "delta": 1.0}, "delta")]:
         with pytest.raises(ValueError, match=match):
             DeviceDPSGD(**kw)  # type: ignore[arg-type]
+
+
+def test_batchnorm_is_refused_with_opacus_fix_named() -> None:
+    policy = DeviceDPSGD(epsilon=8.0, max_rounds=1)
+    with pytest.raises(ValueError, match=r"BatchNorm .* ModuleValidator\.fix"):
+        policy.train(TinyCNN(norm=True), DataLoader(images(40, 0), batch_size=10), lr=0.1, context=context())

@@ -189,7 +189,12 @@ class BroadcastStrategy(FederatedStrategy):
 
     def decode_update(self, server_round: int, client: int, arrays: list[NDArray[Any]], metrics: dict[str, Any]) -> Any:
         k = self.upload_k
-        v = decode_vector(from_arrays(arrays, metrics.get(FORMAT_KEY)), self.dim, max_k=k)
+        code = metrics.get(FORMAT_KEY)
+        if code is None and self.uplink is None and self.downlink is None and self._downlink is not None:
+            # dense both ways under SecureBuffers / DistributedDP: the wrapper hands back a buffer's mean upload in
+            # the arrays that were sent (the dense downlink's format), with a count as its only metric
+            code = self._downlink[2]
+        v = decode_vector(from_arrays(arrays, code), self.dim, max_k=k)
         if v.k != k:
             raise ValueError(f"expected k={k} uploaded values, got {v.k}")
         return v

@@ -36,7 +36,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Result
 
 from fedpdm_flower.fedapp.algorithms.fedpdm import step_size
 from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray
-from fedpdm_flower.fedapp.privacy.gaussian import Calibration, GaussianTarget
+from fedpdm_flower.fedapp.privacy.gaussian import Calibration, Eq36Calibration, GaussianTarget
 from fedpdm_flower.fedapp.privacy.protocol import privacy_guard
 from fedpdm_flower.fedapp.wire import recorddict_nbytes
 from fedpdm_flower.strategies.base import EvaluateFn, RoundBookkeeping, arrays_of, client_error_text
@@ -83,6 +83,10 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
                  gamma: float = 0.0, privacy: Calibration | None = None, eval_every: int = 1,
                  accountant: Any = None, **flower: Any) -> None:
         self.init_bookkeeping(eval_every=eval_every)
+        if privacy is not None and not isinstance(privacy, Eq36Calibration | GaussianTarget):
+            raise TypeError(f"privacy must be Eq36Calibration(...) or GaussianTarget(...), got {type(privacy).__name__}: "
+                            "record-level DP-SGD under Flower's own strategies is DeviceDPSGD in your ClientApp "
+                            "(fedpdm_flower.clients.dpsgd), or our FedAvg with privacy=PrivacyTarget(...)")
         if accountant is None and isinstance(privacy, GaussianTarget):
             accountant = privacy_guard(privacy)  # the target is also the budget the run may not pass
         self.set_accountant(accountant)

@@ -98,6 +98,7 @@ class TorchModel:
         self.num_trainable = sum(p.numel() for p in self._params)
         #: the mean loss of the last records :meth:`per_sample_grads` / :meth:`clipped_grad_sum` saw (nan before)
         self.last_batch_loss = float("nan")
+        self._psg: tuple[dict[str, torch.Tensor], Any] | None = None  # the vmapped per-sample gradient function
         #: float buffers (BatchNorm running statistics): data-dependent state outside the gradient
         self.buffer_names = [e.name for (t, _), e in zip(self._slots, (e for e in self.layout.entries if e.in_vector),
                                                           strict=True) if not isinstance(t, nn.Parameter)]
@@ -200,20 +201,22 @@ class TorchModel:
     def _per_sample_torch(self, x: NDArray[Any], features: Any, labels: Any) -> dict[str, torch.Tensor]:
         """{parameter name: (B, *shape) tensor}: each record's gradient at x, by ``torch.func`` (vmap of grad).
         The records' mean loss is kept in :attr:`last_batch_loss` (a diagnostic)."""
-        from torch.func import functional_call, grad_and_value, vmap
-
         self.set_flat(x, buffers=False)
-        self.module.train()
-        params = {k: p.detach() for k, p in self.module.named_parameters()}
-        buffers = {k: b.detach() for k, b in self.module.named_buffers()}
+        if not self.module.training:
+            self.module.train()
+        if self._psg is None:  # built once: the detached tensors share the parameters' storage, set_flat updates them
+            from torch.func import functional_call, grad_and_value, vmap
 
-        def sample_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-            out = functional_call(self.module, (p, buffers), (xi.unsqueeze(0),))
-            return self.loss_fn(out, yi.unsqueeze(0))
+            params = {k: p.detach() for k, p in self.module.named_parameters()}
+            buffers = {k: b.detach() for k, b in self.module.named_buffers()}
 
-        inputs, targets = self.inputs(features), self.targets(labels)
-        grads, losses = vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0), randomness="different")(
-            params, inputs, targets)
+            def sample_loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+                out = functional_call(self.module, (p, buffers), (xi.unsqueeze(0),))
+                return self.loss_fn(out, yi.unsqueeze(0))
+
+            self._psg = (params, vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0), randomness="different"))
+        params, fn = self._psg
+        grads, losses = fn(params, self.inputs(features), self.targets(labels))
         self.last_batch_loss = float(losses.mean())
         return grads  # type: ignore[no-any-return]
 

@@ -401,14 +401,24 @@ def recompute_epsilon(history: list[tuple[float, float, int]], delta: float, ord
     """The epsilon of a (z, q, steps) history by a second, independent implementation of the same accountant:
     dp-accounting's ``RdpAccountant`` (its own subsampled-Gaussian RDP and conversion), at ``orders`` (default
     Opacus's, like for like)."""
+    import logging
+
     from dp_accounting import dp_event
     from dp_accounting.rdp import RdpAccountant
 
-    acc = RdpAccountant(list(RDP_ORDERS) if orders is None else orders)
-    for z, q, steps in history:
-        one = dp_event.GaussianDpEvent(z)
-        acc.compose(one if q >= 1.0 else dp_event.PoissonSampledDpEvent(q, one), int(steps))
-    return float(acc.get_epsilon(delta))
+    # dp-accounting logs (absl) each fractional order whose series it cannot sum and leaves that order out: the
+    # figure it returns is then an upper bound over fewer orders, never below the exact one
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        acc = RdpAccountant(list(RDP_ORDERS) if orders is None else orders)
+        for z, q, steps in history:
+            one = dp_event.GaussianDpEvent(z)
+            acc.compose(one if q >= 1.0 else dp_event.PoissonSampledDpEvent(q, one), int(steps))
+        return float(acc.get_epsilon(delta))
+    finally:
+        absl.setLevel(level)
 
 
 @dataclass
