@@ -34,10 +34,10 @@ def _mironov_laplace_epsilon(eps: float, count: int, delta: float) -> float:
 
 def test_registry_has_every_dp_iadmm_row_with_every_column() -> None:
     by_name = {r.name: r for r in rows()}
-    for name in ("ObjP (seed 002)", "ObjPM (seed 002)", "OutP (seed 002 baseline)"):
+    for name in ("ObjP (DP-IADMM)", "ObjPM (DP-IADMM)", "OutP (DP-IADMM baseline)"):
         assert name in by_name, sorted(by_name)
         assert set(by_name[name].cells) == set(COLUMNS)
-    assert "10 agents x 6,000" in by_name["ObjP (seed 002)"].task
+    assert "10 agents x 6,000" in by_name["ObjP (DP-IADMM)"].task
 
 
 @pytest.fixture(scope="module")

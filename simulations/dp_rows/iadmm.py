@@ -92,7 +92,7 @@ def _records(task: dict[str, Any]) -> int:
 
 
 ROWS = [
-    row("ObjP (seed 002)", "objp", 1),
-    row("ObjPM (seed 002)", "objpm", 10),
-    row("OutP (seed 002 baseline)", "outp", 1),
+    row("ObjP (DP-IADMM)", "objp", 1),
+    row("ObjPM (DP-IADMM)", "objpm", 10),
+    row("OutP (DP-IADMM baseline)", "outp", 1),
 ]
