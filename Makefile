@@ -1,5 +1,8 @@
 # Two commands (README): `make run` = set-up + the default federated simulation; `make test` = set-up + tests.
 # Both are idempotent: the virtual env and the offline data are installed once (stamp file) and reused.
+# `make test` runs every test except the real loopback deployments (marker `deployment`), on PYTEST_WORKERS
+# processes (pytest-xdist); `make test-deploy` runs those after it, one at a time (CI: .ci/run runs both);
+# `make test-fast` is the inner loop: neither Flower simulations nor deployments.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,13 +15,15 @@ export RAY_DEDUP_LOGS := 0
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 # One BLAS / torch thread per process, as Ray gives every simulation actor: multi-threaded reductions sum in
-# another order, and the tests compare the Flower simulation with the in-process driver bit for bit.
+# another order, and the tests compare the Flower simulation with the in-process driver to a few ulps.
 export OMP_NUM_THREADS ?= 1
 export OPENBLAS_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test lint bench clean
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup run test test-slow test-deploy test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -35,7 +40,19 @@ run: setup
 	$(PY) -m simulations quickstart $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not deployment and not slow" $(PYTEST_ARGS)
+
+# long real-process tests (killed and resumed runs): CI runs them after `make test`
+test-slow: setup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "slow and not deployment" $(PYTEST_ARGS)
+
+# real SuperLink + SuperNode processes on loopback (TLS, node auth, killed nodes, data-path devices): serial, because
+# each deployment already runs several processes per node on the 2 cores
+test-deploy: setup
+	$(PY) -m pytest -q -m deployment $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not deployment and not slow and not flower and not install" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check fedpdm_flower simulations tests examples

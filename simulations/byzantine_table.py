@@ -430,7 +430,7 @@ def fedrep_main(out: Path, fs: tuple[int, ...] = (7, 3), rounds: int = ROUNDS, o
 
 
 def fedrep_gap_sources(out: Path) -> int:
-    """Where FedREP's gap to the in-the-clear rules comes from (README): masked runs with ConSpar's K/d = 5 % against
+    """Where FedREP's gap to the in-the-clear rules comes from (docs/robustness.md): masked runs with ConSpar's K/d = 5 % against
     every coordinate (k = d, SHARE), the mean against NNM + adaptive CClip, no attack and IPM 10 / mimic at f = 7;
     byzantine-fedrep-gap.json in ``out``."""
     import logging

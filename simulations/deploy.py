@@ -248,7 +248,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> _Daemon:
+def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> _Daemon:
     exe = shutil.which(argv[0], path=env.get("PATH"))
     if exe is None:
         raise DeploymentError(f"{argv[0]} not found on PATH ({env.get('PATH')}); is flwr installed in this venv?")
@@ -256,7 +256,7 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> _Daemo
     try:
         # preexec_fn only calls prctl/getppid/_exit (async-signal-safe), so threads in this process are harmless
         proc = subprocess.Popen(
-            [exe, *argv[1:]], env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
+            [exe, *argv[1:]], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent(),
         )
     except BaseException:
@@ -516,7 +516,9 @@ def local_deployment(
             ], daemon_env, logs / f"supernode-{i}.log"))
         while True:
             _check_started(dep._daemons)
-            online = _online_nodes(connection, env, timeout=min(10.0, max(5.0, deadline - time.monotonic())))
+            # one `flwr supernode list` may use the time left (at least 10 s): on a loaded machine the CLI alone
+            # takes 7-10 s to start (load average 20-25, 2 cores), and a shorter cap never sees a node online
+            online = _online_nodes(connection, env, timeout=max(10.0, deadline - time.monotonic()))
             if online is not None and online >= num_nodes:
                 break
             if time.monotonic() > deadline:
@@ -544,13 +546,19 @@ class LocalSimulation:
 
 @contextlib.contextmanager
 def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup_timeout: float = 30.0,
-                     stop_timeout: float = 10.0) -> Iterator[LocalSimulation]:
+                     stop_timeout: float = 10.0, bin_dir: Path | None = None,
+                     cwd: Path | None = None) -> Iterator[LocalSimulation]:
     """Start a simulation SuperLink on free loopback ports and register it as a CLI connection.
 
     Unlike ``flwr run``'s shared local daemon, its ServerApp and ClientApps import this checkout's packages
     (``pythonpath`` is put first on PYTHONPATH), whatever is installed, and its environment is this process's: so a
     test runs the code under test, and an app that is not this project's (``examples/``) can import the library.
     Pass ``connection`` and ``env`` to ``run_flower(..., connection=, env=, simulation=True)``.
+
+    ``pythonpath=None`` and ``bin_dir`` (a virtual environment's ``bin/``, put first on PATH, PYTHONPATH removed)
+    run the daemons, and so the apps, in that environment instead: what is installed there is what they import, as
+    for a user who ``pip install``-ed the library (``tests/test_install.py``). ``cwd`` is the daemons' working
+    directory (default: the checkout).
     """
     flwr_home = flwr_home.resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -560,6 +568,9 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
     logs.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home)
     env["FLWR_HOME"] = str(flwr_home)
+    if bin_dir is not None:
+        env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
+        env.pop("PYTHONPATH", None)
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
     sim = LocalSimulation(connection=connection, env=env, log_dir=logs)
@@ -568,7 +579,7 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
             "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
             "--control-api-address", f"127.0.0.1:{control}",
-        ], {**env, "PYTHONUNBUFFERED": "1"}, logs / "superlink.log"))
+        ], {**env, "PYTHONUNBUFFERED": "1"}, logs / "superlink.log", cwd=cwd or ROOT))
         cfg = flwr_home / "config.toml"
         text = cfg.read_text() if cfg.exists() else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
         cfg.write_text(text + f'\n[superlink.{connection}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')

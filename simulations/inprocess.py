@@ -125,6 +125,9 @@ class LocalGrid(Grid):
         Extra node-config entries per node (by partition id), e.g. a device's own policy.
     """
 
+    #: its nodes are fixed when it is built: a strategy waiting for more gives up (as in Flower's simulation)
+    fixed_federation = True
+
     def __init__(self, client_app: Any, num_nodes: int, *, node_config: Mapping[int, Mapping[str, Any]] | None = None,
                  run_config: Mapping[str, Any] | None = None) -> None:
         from flwr.supercore.task_identity import TaskIdentity

@@ -17,6 +17,7 @@ steps) it reported by a second library (dp-accounting's RdpAccountant).
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,8 @@ def main(out: str, sets: dict[str, Any]) -> int:
     """Run the quick start (QUICKSTART, then ``sets``) through Flower's simulation engine and print the summary."""
     from fedpdm_flower.fedapp.config import parse_run_config
     from fedpdm_flower.fedapp.runner import prepare_out_dir
-    from simulations.flower_driver import run_flower
+    from simulations.deploy import local_simulation
+    from simulations.flower_driver import CONNECTION_VAR, ROOT, run_flower
 
     overrides = {**QUICKSTART, **sets}
     cfg = parse_run_config(overrides)
@@ -98,8 +100,16 @@ def main(out: str, sets: dict[str, Any]) -> int:
           if cfg.dp and cfg.dp_calibration == "dpsgd" else f"dp = {cfg.dp}, dp-calibration = {cfg.dp_calibration}")
     print(f"[quickstart] {cfg.algorithm} on {cfg.dataset} ({cfg.model}, {cfg.labels_per_client} labels per device): "
           f"N={cfg.num_clients}, K={cfg.clients_per_round}, {cfg.num_server_rounds} rounds of {cfg.max_local_steps} "
-          f"local steps, {dp}; Flower simulation engine (first run starts a local SuperLink)", flush=True)
-    res = run_flower(overrides, where, num_supernodes=cfg.num_clients)
+          f"local steps, {dp}; Flower simulation engine (on a SuperLink of its own)", flush=True)
+    if os.environ.get(CONNECTION_VAR):  # a SuperLink of the caller's own (the test session's)
+        res = run_flower(overrides, where, num_supernodes=cfg.num_clients)
+    else:
+        # A simulation SuperLink of our own on free ports, stopped afterwards: `flwr run .` reuses whatever local
+        # daemon already answers on 127.0.0.1:39091 (another checkout's, or an older one), with that daemon's
+        # environment, FLWR_HOME and so possibly another copy of this package.
+        with local_simulation(flwr_home=Path(os.environ.get("FLWR_HOME") or ROOT / ".flwr")) as sim:
+            res = run_flower(overrides, where, num_supernodes=cfg.num_clients, connection=sim.connection,
+                             env=sim.env, simulation=True)
     doc = json.loads(res.results.read_text())
     s = doc["summary"]
     print(f"\n[quickstart] run {res.run_id} {res.status} in {time.time() - t0:.0f} s (rounds: {s['wall_s']:.0f} s)")

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-# Before numpy / torch load: one BLAS thread, as in Flower's Ray actors, so that the bit-for-bit comparisons of the
-# Flower simulation with the in-process driver see the same floating-point reductions (Makefile sets it too).
+if TYPE_CHECKING:
+    from installed import InstalledEnv
+
+    from simulations.deploy import LocalSimulation
+
+# Before numpy / torch load: one BLAS thread, as in Flower's Ray actors, so that the comparisons of the Flower
+# simulation with the in-process driver see the same floating-point reductions (Makefile sets it too); they still
+# allow a few ulps (tests/crossproc.py): two processes can round one reduction differently.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -19,7 +27,11 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "flower: runs a real Flower simulation through `flwr run` (slow)")
-    config.addinivalue_line("markers", "deployment: starts a real SuperLink and SuperNodes on loopback (slow)")
+    config.addinivalue_line("markers", "deployment: starts a real SuperLink and SuperNodes on loopback (slow); "
+                                       "left out of `make test`, run by `make test-deploy` (CI runs both)")
+    config.addinivalue_line("markers", "slow: a long real-process test (a minute or more, e.g. a killed and resumed "
+                                       "simulation); left out of `make test`, run by `make test-slow` (CI runs it)")
+    config.addinivalue_line("markers", "install: builds the wheel and installs it into a fresh virtual environment")
 
 
 @pytest.fixture(autouse=True)
@@ -27,29 +39,84 @@ def _quiet_flower_logs() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
+@pytest.fixture(autouse=True)
+def _forget_cached_clients() -> Iterator[None]:
+    """The reproduction app keeps one client per (run, node, run config) and process, with its data
+    (fedpdm_flower.fedapp.client_app._CLIENTS): right for a ClientApp process, but in one test process every
+    in-process run of the session would stay in memory (a test worker reached 8 GB and was OOM-killed). Each test
+    starts its own runs, so the cache is emptied after each."""
+    yield
+    client_app = sys.modules.get("fedpdm_flower.fedapp.client_app")
+    if client_app is not None:
+        client_app._CLIENTS.clear()
+
+
 @pytest.fixture(scope="session")
-def _own_simulation_superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """One simulation SuperLink of the test session's own, which `run_flower` uses instead of `flwr run`'s shared
-    local daemon: that daemon may have been started from another checkout and would run its ClientApps there (the
-    editable install puts that checkout on sys.path); this one imports the checkout under test (PYTHONPATH)."""
+def flower_simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
+    """One simulation SuperLink per test process (per xdist worker), shared by every Flower test of that process.
+
+    Not `flwr run`'s shared local daemon: that daemon may have been started from another checkout and would run its
+    ClientApps there (the editable install puts that checkout on sys.path); this one imports the checkout under test
+    (PYTHONPATH). Starting a SuperLink costs seconds, so tests pass its ``connection`` and ``env`` to ``run_flower``
+    instead of starting their own; runs on it are independent (each ``flwr run`` is a new run id)."""
     from simulations.deploy import local_simulation
+
+    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home")) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="session")
+def _own_simulation_superlink(flower_simulation: LocalSimulation) -> Iterator[None]:
+    """Points ``run_flower``'s default connection (and FLWR_HOME) at the session's SuperLink for the whole session."""
     from simulations.flower_driver import CONNECTION_VAR
 
-    home = tmp_path_factory.mktemp("flwr-home")
-    with local_simulation(flwr_home=home) as sim:
-        saved = {k: os.environ.get(k) for k in (CONNECTION_VAR, "FLWR_HOME")}
-        os.environ.update({CONNECTION_VAR: sim.connection, "FLWR_HOME": str(home)})
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    saved = {k: os.environ.get(k) for k in (CONNECTION_VAR, "FLWR_HOME")}
+    os.environ.update({CONNECTION_VAR: flower_simulation.connection, "FLWR_HOME": flower_simulation.env["FLWR_HOME"]})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def installed_env(tmp_path_factory: pytest.TempPathFactory) -> InstalledEnv:
+    """A fresh virtual environment with the library pip-installed from its wheel and every example app pip-installed
+    by its own pyproject (tests/installed.py). Built once per test run: xdist workers share it through a file lock
+    in their common temporary directory."""
+    from filelock import FileLock
+    from installed import ROOT, InstalledEnv, build_installed_env
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    dest = shared / "installed-env"
+    with FileLock(str(shared / "installed-env.lock")):
+        if not (dest / "ready").exists():
+            build_installed_env(dest, sorted(p for p in (ROOT / "examples").iterdir() if (p / "pyproject.toml").exists()))
+            (dest / "ready").write_text("ok\n")
+    (wheel,) = (dest / "wheels").glob("fedpdm_flower-*.whl")
+    return InstalledEnv(root=dest, wheel=wheel)
+
+
+@pytest.fixture(scope="session")
+def installed_simulation(installed_env: InstalledEnv, tmp_path_factory: pytest.TempPathFactory
+                         ) -> Iterator[LocalSimulation]:
+    """A simulation SuperLink whose ServerApp and ClientApps run in ``installed_env`` (no PYTHONPATH, working
+    directory outside the checkout): apps import the installed wheel, as a user's would."""
+    from simulations.deploy import local_simulation
+
+    work = tmp_path_factory.mktemp("installed-superlink")
+    with local_simulation(flwr_home=work / "flwr-home", pythonpath=None, bin_dir=installed_env.bin_dir,
+                          cwd=work) as sim:
+        yield sim
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames"):
+        # Flower tests run the checkout on the session's SuperLink, except those that run an installed environment
+        if (item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames")
+                and "installed_simulation" not in item.fixturenames):
             item.fixturenames.append("_own_simulation_superlink")

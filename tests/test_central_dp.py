@@ -75,7 +75,7 @@ def test_one_round_is_the_formula_on_the_clients_own_updates() -> None:
     want = total / (0.5 * N)
     got = np.concatenate([res.arrays["w"].numpy(), res.arrays["b"].numpy()])
     np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-6)
-    m = res.train_metrics_clientapp[1]
+    m = s.diagnostics[1]
     assert m["central_dp.sampled"] == len(sampled) and m["central_dp.clipped"] == 0
     assert int(res.arrays["steps"].numpy()) == 0  # the integer entry: carried as sent (not averaged)
 
@@ -85,7 +85,7 @@ def test_every_update_is_clipped_to_c() -> None:
     s = CentralDP(fedavg(), epsilon=8.0, clip_norm=1e-3, sampling_rate=0.5, num_rounds=3, min_available_nodes=N,
                   noise_multiplier=0.0)
     res = s.start(grid=grid, initial_arrays=initial(), num_rounds=1)
-    m = res.train_metrics_clientapp[1]
+    m = s.diagnostics[1]
     sampled = next(nodes for nodes in grid.sent if nodes)
     assert m["central_dp.clipped"] == m["central_dp.sampled"] == len(sampled)
     got = np.concatenate([res.arrays["w"].numpy(), res.arrays["b"].numpy()])
@@ -96,8 +96,8 @@ def test_the_sample_is_poisson_at_rate_q() -> None:
     grid = Recorder(user_app(), N)
     s = CentralDP(fedavg(), epsilon=50.0, clip_norm=1.0, sampling_rate=0.3, num_rounds=40, min_available_nodes=N,
                   noise_multiplier=0.0)  # the sampling does not depend on the noise; no accounting: fast
-    res = s.start(grid=grid, initial_arrays=initial(), num_rounds=40)
-    counts = [res.train_metrics_clientapp[r]["central_dp.sampled"] for r in range(1, 41)]  # every node answers
+    s.start(grid=grid, initial_arrays=initial(), num_rounds=40)
+    counts = [s.diagnostics[r]["central_dp.sampled"] for r in range(1, 41)]  # every node answers
     mean, se = np.mean(counts), math.sqrt(N * 0.3 * 0.7 / 40)
     assert abs(mean - N * 0.3) < 4 * se
     assert len({tuple(sorted(n)) for n in grid.sent if n}) > 30  # a fresh draw each round
@@ -109,7 +109,7 @@ def test_an_empty_sample_still_releases_the_noise() -> None:
     grid = Recorder(user_app(), N)
     res = s.start(grid=grid, initial_arrays=initial(), num_rounds=1)
     assert not any(grid.sent)  # nobody was asked to train
-    assert res.train_metrics_clientapp[1]["central_dp.sampled"] == 0
+    assert s.diagnostics[1]["central_dp.sampled"] == 0
     assert np.std(res.arrays["w"].numpy()) > 1e6  # noise z C / (q N) with q N = 2e-8: the model is noise
     assert s.privacy_spent().num_releases == 1
 

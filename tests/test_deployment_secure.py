@@ -1,4 +1,4 @@
-"""The secure default of a real deployment (issue 15): TLS with our own CA and SuperNode authentication.
+"""The secure default of a real deployment: TLS with our own CA and SuperNode authentication.
 
 One SuperLink and 2 registered SuperNodes on loopback train 2 rounds of BSDP-FedPDM through TLS, while a third
 SuperNode, whose key was never registered, tries to join with the right CA and is refused by the SuperLink.
@@ -60,6 +60,8 @@ def test_registered_nodes_train_over_tls_and_an_unregistered_node_is_refused(tmp
     home = tmp_path / "flwr-home"
     with local_deployment(2, flwr_home=home, startup_timeout=90) as dep:  # secure is the default
         startup_s = time.monotonic() - t0
+        assert dep.env["FLWR_HOME"] == str(home.resolve()) and dep.env["FLWR_TELEMETRY_ENABLED"] == "0"
+        assert f"[superlink.{dep.connection}]" in (home / "config.toml").read_text()
         pki = dep.pki
         assert pki is not None and len(dep.node_ids) == 2 and len(set(dep.node_ids)) == 2
         port = int(dep.address.rsplit(":", 1)[1])
@@ -106,7 +108,11 @@ def test_registered_nodes_train_over_tls_and_an_unregistered_node_is_refused(tmp
         listed = node_list(dep.connection, dep.env)
         tree = dep.process_tree()
     wall_s = time.monotonic() - t0
+    # every process of the deployment (SuperLink, SuperNodes, the superexec / app processes they spawned) is gone,
+    # and the CLI connection is removed again
+    assert len(tree) >= 3
     assert still_running(tree) == []
+    assert f"[superlink.{dep.connection}]" not in (home / "config.toml").read_text()
 
     # the refusal, as Flower reports it: flwr_exit logs "Exit Code: 305" (SuperNode could not connect) with the
     # SuperLink's "[code: 2004] Failed to activate SuperNode." and ends the process with status 1
@@ -128,4 +134,16 @@ def test_registered_nodes_train_over_tls_and_an_unregistered_node_is_refused(tmp
     assert doc["engine"] == "flower-deployment"
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     assert all(r["clients"] == 2 and r["rejected"] == 0 for r in doc["rounds"])
+    assert res.results == (tmp_path / "out" / "results.json").resolve()
+    up = sum(r["uplink_bytes"] for r in doc["rounds"])
+    down = sum(r["downlink_bytes"] for r in doc["rounds"])
+    assert all(r["uplink_bytes"] > 0 and r["downlink_bytes"] > 0 and isinstance(r["test_accuracy"], float)
+               for r in doc["rounds"])
+    # The SuperLink's own count of the run's Fleet traffic (framing and the query.whoami exchange included) covers
+    # our payload-only count in each direction (it counts message bytes, not TLS records: the same with and without)
+    traffic = res.details.get("network-traffic")
+    assert isinstance(traffic, dict), f"flwr list reports no network-traffic: {sorted(res.details)}"
+    assert traffic["inbound-bytes"] >= up  # SuperNodes -> SuperLink (replies)
+    assert traffic["outbound-bytes"] >= down  # SuperLink -> SuperNodes (train messages)
+    assert traffic["total-bytes"] >= up + down
     print(f"secure deployment test: {wall_s:.1f} s wall (start-up incl. PKI + 2 registrations {startup_s:.1f} s)")

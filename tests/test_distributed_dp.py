@@ -140,7 +140,7 @@ def test_masks_cancel_exactly_with_noise_on_and_the_noise_has_the_configured_var
     shares: list[dict[str, np.ndarray]] = []
     policy.observer = shares.append
     strategy = Sums(fedavg(), epsilon=8.0, num_rounds=3, clip_norm=1.0, buffer_size=4)
-    result = strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=1)
+    strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=1)
     assert len(shares) == N and len(strategy.sums) == 2
     # each buffer's decoded sum is exactly the sum of its members' encoded updates and noise shares: the masks
     # cancel to the last integer (which device is in which buffer: match the shares' sums against the two sums)
@@ -162,7 +162,7 @@ def test_masks_cancel_exactly_with_noise_on_and_the_noise_has_the_configured_var
     # every share alone has the configured variance (z D2)^2 / t
     all_shares = np.concatenate([s["noise"] for s in shares]).astype(np.float64)
     assert abs(np.var(all_shares) / (target / 3) - 1) < 6 * math.sqrt(2 / (all_shares.size - 1))
-    m = result.train_metrics_clientapp[1]
+    m = strategy.diagnostics[1]
     assert m["ddp.releases"] == 1 and 0 < m["ddp.epsilon"] < 8
 
 
@@ -237,7 +237,8 @@ def test_the_device_refuses_less_noise_than_its_floor(ask: dict[str, Any], why: 
     send, _ = _device(DeviceSkellam(min_noise_multiplier=0.5))
     assert not send({"secure.phase": "keys", "secure.run": "r", "secure.round": 1}).has_error()
     base = {"secure.phase": "mask", "secure.run": "r", "secure.round": 1, "secure.buffer": 0,
-            "secure.threshold": 2, "secure.clip": 8.0, "secure.levels": 2**22, "secure.members": "[0, 1, 2]"}
+            "secure.threshold": 2, "secure.clip": 8.0, "secure.levels": 2**22, "secure.members": "[0, 1, 2]",
+            "secure.weight-key": "num-examples"}
     reply = send({**base, **ask}, {"secure": _signed_mates("r", 1)})
     assert reply.has_error() and why in reply.error.reason, reply.error.reason
     ok = send({**base, "ddp.z": 0.505, "ddp.clip": 1.0, "ddp.scale": 1e5}, {"secure": _signed_mates("r", 1)})
@@ -247,8 +248,8 @@ def test_the_device_refuses_less_noise_than_its_floor(ask: dict[str, Any], why: 
 def test_the_device_ledger_refuses_a_release_past_its_own_epsilon() -> None:
     policy = DeviceSkellam(min_noise_multiplier=0.5, max_epsilon=8.0)
     strategy = DistributedDP(fedavg(), epsilon=100.0, num_rounds=3, noise_multiplier=1.0, buffer_size=4)
-    result = strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=3)
-    m = result.train_metrics_clientapp
+    strategy.start(grid=LocalGrid(ddp_app(policy), N), initial_arrays=initial(), num_rounds=3)
+    m = strategy.diagnostics
     # z = 1 at delta = 1e-5: 2 releases cost 7.09 (the server's own figure), a 3rd would pass the devices' 8
     assert m[2]["ddp.epsilon"] == pytest.approx(7.088, abs=0.01)
     assert m[1]["secure.buffers"] == 2 and m[2]["secure.buffers"] == 2 and m[3]["secure.buffers"] == 0

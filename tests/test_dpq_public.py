@@ -281,12 +281,14 @@ def test_the_device_keeps_the_last_word_on_its_privacy() -> None:
 
 
 # ----------------------------------------------------------------------------- what the constructors say
-def test_buffers_are_refused_with_a_clear_error() -> None:
+def test_buffers_stay_beside_x_and_a_private_device_refuses_them() -> None:
     data = images(10, 0)
-    with pytest.raises(ValueError, match="BatchNorm"):
-        DPQClient(TinyCNN(norm=True), data)
-    with pytest.raises(ValueError, match="DPQ-DSGD needs a buffer-free model"):
-        dpq.TorchObjective(TorchModel(TinyCNN(norm=True)), as_local_data(data))
+    client = DPQClient(TinyCNN(norm=True), data)  # no noise asked for yet: the buffers are the node's own
+    assert client.model.dim == client.model.num_trainable and client.beside_names[-1] == "norm.num_batches_tracked"
+    with pytest.raises(ValueError, match=r"opacus\.validators\.ModuleValidator\.fix\(model\)"):
+        DPQClient(TinyCNN(norm=True), data, max_epsilon=5.0)
+    with pytest.raises(ValueError, match="must be exactly the trainable weights"):
+        dpq.TorchObjective(TorchModel(TinyCNN(norm=True), buffers="in-vector"), as_local_data(data))
     with pytest.raises(ValueError, match="trains the user's model"):
         DPQClient(None, data)
 

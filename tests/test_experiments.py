@@ -33,7 +33,7 @@ def test_every_figure_job_is_a_valid_config_on_pip_installable_data(name: str, t
 
 
 def test_fedrep_figures_default_to_mnist_and_reproduce_the_readme_on_fashion_mnist(tmp_path: Path) -> None:
-    """The README's FedREP tables were measured with `--set dataset=fashion-mnist`: same configs otherwise."""
+    """docs/fedrep.md's FedREP tables were measured with `--set dataset=fashion-mnist`: same configs otherwise."""
     assert FEDREP_FIGURES
     for name in FEDREP_FIGURES:
         default = experiments.figure_jobs(name, tmp_path, rounds=150, seeds=1)

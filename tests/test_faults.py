@@ -1,4 +1,4 @@
-"""A SuperNode that dies mid-run, and one that comes back (issue 15, "Faults").
+"""A SuperNode that dies mid-run, and one that comes back (docs/deployment.md, "Faults").
 
 Two parts:
 
@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
+from test_deployment_secure import plain_http_reply
 
 from fedpdm_flower.fedapp.config import parse_run_config
 from fedpdm_flower.fedapp.runner import build_strategy
@@ -77,7 +77,7 @@ def _train_round(strategy: Any, rnd: int, grid: StubGrid, contexts: dict[int, Co
 
     from fedpdm_flower.fedapp.client_app import app
 
-    msgs = list(strategy.configure_train(rnd, ArrayRecord([strategy.x.astype(np.float32)]), ConfigRecord(), grid))
+    msgs = list(strategy.configure_train(rnd, strategy.current_arrays(), ConfigRecord(), grid))
     for m in msgs:
         m.metadata.__dict__["_message_id"] = f"t{rnd}-{m.metadata.dst_node_id}"  # what the Grid sets on sending
     replies = [create_message_error_unavailable_res_message(m.metadata, "node_unavail")
@@ -101,8 +101,9 @@ def test_the_superlinks_node_unavailable_reply_is_charged_to_the_dead_node(
     # the SuperLink's own reply, as flwr 1.42 sends it: from the SuperLink's node id, not from the dead node
     assert [r.metadata.src_node_id for r in unavailable] == [SUPERLINK_NODE_ID]
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        _, metrics = strategy.aggregate_train(1, replies)
-    assert metrics is not None and metrics["clients"] == 2.0 and metrics["rejected"] == 1.0
+        strategy.aggregate_train(1, replies)
+    metrics = strategy.round_metrics()
+    assert metrics["clients"] == 2.0 and metrics["rejected"] == 1.0
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "round 1: rejected reply from node 1001 (client 1): Error: Node Unavailable" in text
     assert f"from node {SUPERLINK_NODE_ID}:" not in text
@@ -122,8 +123,9 @@ def test_a_node_that_comes_back_under_a_new_id_gets_its_client_back(
     grid = StubGrid(NODES.values(), contexts)
     for rnd in (1, 2):
         _, replies = _train_round(strategy, rnd, grid, contexts, dead=[1001] if rnd == 2 else [])
-        _, metrics = strategy.aggregate_train(rnd, replies)
-        assert metrics is not None and metrics["clients"] == (3.0 if rnd == 1 else 2.0)
+        strategy.aggregate_train(rnd, replies)
+        metrics = strategy.round_metrics()
+        assert metrics["clients"] == (3.0 if rnd == 1 else 2.0)
         strategy.evaluate_round(rnd)
     assert "fedpdm.dual" in contexts[1001].state.array_records  # lambda_1 after round 1
     newcomers = _contexts(cfg, {1: 2001, 0: 2002})
@@ -138,8 +140,9 @@ def test_a_node_that_comes_back_under_a_new_id_gets_its_client_back(
         r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        _, metrics = strategy.aggregate_train(3, replies)
-    assert metrics is not None and metrics["clients"] == 3.0 and metrics["rejected"] == 0.0
+        strategy.aggregate_train(3, replies)
+    metrics = strategy.round_metrics()
+    assert metrics["clients"] == 3.0 and metrics["rejected"] == 0.0
     assert "fedpdm.dual" in contexts[2001].state.array_records
     # the new node's ledger starts empty: 1 participation again, which the server flags
     assert strategy.client_privacy[1]["participations"] == 1.0 and strategy.client_privacy[0]["participations"] == 3.0
@@ -263,6 +266,10 @@ def _fault_run(tmp_path: Path, n: int, overrides: dict[str, Any], plan: FaultPla
     from simulations.faults import run_with_faults
 
     with local_deployment(n, flwr_home=tmp_path / "flwr-home", secure=secure, startup_timeout=90) as dep:
+        if not secure:  # the insecure opt-in, by name: no PKI, no registered keys, plain text on the SuperLink's
+            # port (it answers plain HTTP: the probe that tests/test_deployment_secure.py expects to fail)
+            assert dep.pki is None and dep.node_ids == [] and not (tmp_path / "flwr-home" / "pki").exists()
+            assert plain_http_reply(int(dep.address.rsplit(":", 1)[1])).startswith(b"HTTP/1.1 ")
         fr = run_with_faults(dep, overrides, tmp_path / "out", plan, timeout=timeout)
         logs = {p.name: p for p in dep.log_dir.iterdir()}
         ids = {name: _node_id(p) for name, p in logs.items() if name.startswith("supernode-")}

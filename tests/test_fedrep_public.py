@@ -131,8 +131,9 @@ def test_fedrep_trains_a_users_cnn_with_conspar_masks_and_a_robust_aggregator() 
     assert acc[-1] > 0.9 and acc[0] < 0.9, acc  # three separable classes: chance is 1/3
     k, m = s.k, 4
     assert k == round(0.1 * s.num_trainable / m) and s.num_trainable == s.dim - 8  # BatchNorm statistics excluded
-    for r in s.history:
-        assert r.extra["buffers"] == 2 and r.extra["consensus_size"] <= m * k and r.extra["discarded_buffers"] == 0
+    for r in s.history:  # the 8 BatchNorm statistics ride along every round, outside the proposals
+        assert r.extra["buffers"] == 2 and r.extra["consensus_size"] <= m * k + 8 and r.extra["discarded_buffers"] == 0
+        assert r.extra["clipped"] == 0  # every masked coordinate fit the fixed-point range
     net.load_state_dict(s.current_arrays().to_torch_state_dict())
     assert accuracy(net, images(300, 99)) == pytest.approx(acc[-1])
 
@@ -277,7 +278,7 @@ def test_momentum_sgd_client_answers_a_plain_flower_message_in_the_users_layout(
     for name, attack in (("honest", None), ("flip", ClientAttack(values="bit-flip"))):
         ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 3}, state=RecordDict(), run_config={})
         client = MomentumSGDClient(TinyCNN(norm=True), DataLoader(images(40, 1), batch_size=8), context=ctx, seed=0,
-                                   attack=attack)
+                                   attack=attack, test_data=images(30, 7))
         replies[name] = client.handle("train", msg)
     got = arrays_of(replies["honest"].array_records["arrays"])
     want = {k: v.numpy() for k, v in net.state_dict().items()}
@@ -290,6 +291,7 @@ def test_momentum_sgd_client_answers_a_plain_flower_message_in_the_users_layout(
                                rtol=0, atol=1e-6)
     ev = client.handle("evaluate", RecordDict({"arrays": ArrayRecord(net.state_dict()), "config": ConfigRecord()}))
     assert 0.0 <= ev.metric_records["metrics"]["accuracy"] <= 1.0  # Flower's federated evaluation of a state dict
+    assert ev.metric_records["metrics"]["num-examples"] == 30  # scored on the test data, not the 40 training samples
     with pytest.raises(ValueError, match="lacks 'lr'"):
         client.handle("train", RecordDict({"arrays": ArrayRecord(net.state_dict()),
                                            "config": ConfigRecord({"server-round": 1})}))

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from crossproc import TRAJECTORY_ULPS, assert_same_across_processes
 from flwr.app import Context
 from scipy.optimize import minimize
 
@@ -533,7 +534,8 @@ def test_context_state_only() -> None:
 @pytest.mark.flower
 @pytest.mark.parametrize("algorithm", ["objpm", "outp"])
 def test_flower_simulation_equals_inprocess_driver(tmp_path: Path, algorithm: str) -> None:
-    """Same final model bit for bit, same per-round accuracy, privacy and bytes; duals checked every round."""
+    """Same final model, per-round accuracy, privacy and bytes (floats within a few ulps across processes,
+    tests/crossproc.py); duals checked every round."""
     from fedpdm_flower.fedapp.runner import finish
     from simulations.flower_driver import run_flower
 
@@ -551,9 +553,11 @@ def test_flower_simulation_equals_inprocess_driver(tmp_path: Path, algorithm: st
     keys = ("round", "test_accuracy", "test_loss", "epsilon", "delta", "uplink_bytes", "downlink_bytes", "clients",
             "dual_mismatch", "rho")
     for fr, lr in zip(flower["rounds"], local["rounds"], strict=True):
-        assert {k: fr[k] for k in keys} == {k: lr[k] for k in keys}
+        assert_same_across_processes({k: fr[k] for k in keys}, {k: lr[k] for k in keys}, ulps=TRAJECTORY_ULPS,
+                                     what=f"round {lr['round']}")
         assert fr["dual_mismatch"] == 0
-    np.testing.assert_array_equal(np.load(tmp_path / "flower" / "model.npy"), np.load(path.parent / "model.npy"))
+    assert_same_across_processes(np.load(tmp_path / "flower" / "model.npy"), np.load(path.parent / "model.npy"),
+                                 ulps=TRAJECTORY_ULPS, what="final model")
 
 
 def test_bounded_sensitivity_mode_uses_the_data_independent_scale() -> None:

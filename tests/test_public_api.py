@@ -249,11 +249,6 @@ def test_a_client_checks_every_value_of_the_message() -> None:
         client.handle("train", other)
 
 
-def test_batchnorm_is_refused_where_the_solver_would_freeze_it() -> None:
-    with pytest.raises(ValueError, match="GroupNorm"):
-        FedPDMClient(TinyCNN(norm=True), images(20, 0))
-
-
 def test_our_fedavg_client_answers_a_plain_flower_message_in_the_users_layout() -> None:
     """Flower's own FedAvg sends the state dict and a static config: the reply has the same names and shapes."""
     torch.manual_seed(0)
@@ -265,7 +260,7 @@ def test_our_fedavg_client_answers_a_plain_flower_message_in_the_users_layout() 
     reply = client.handle("train", msg)
     got = arrays_of(reply.array_records["arrays"])
     want = {k: v.numpy() for k, v in net.state_dict().items()}
-    assert [(k, v.shape, v.dtype) for k, v in got.items()] == [(str(i), v.shape, v.dtype) for i, v in enumerate(want.values())]
+    assert [(k, v.shape, v.dtype) for k, v in got.items()] == [(k, v.shape, v.dtype) for k, v in want.items()]
     assert "payload-format" not in reply.metric_records["metrics"]
     assert not all(np.array_equal(a, b) for a, b in zip(got.values(), want.values(), strict=True))  # it trained
 

@@ -1,18 +1,19 @@
 """The README's "Use it in your Flower app" code is a working app: it runs through `flwr run` and learns.
 
 The code block after the ``<!-- snippet: use-in-your-app -->`` marker is written, unchanged, to ``my_app.py`` of a
-fresh app directory with a minimal pyproject.toml, and run on a simulation SuperLink of our own with 3 SuperNodes.
+fresh app directory with a minimal pyproject.toml, and run with 3 SuperNodes on a simulation SuperLink whose
+processes run in a fresh environment with the library pip-installed from its wheel (tests/installed.py), as a
+reader's app would.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from simulations.deploy import LocalSimulation, local_simulation
+from simulations.deploy import LocalSimulation
 from simulations.flower_driver import ROOT, run_flower
 
 MARKER = "<!-- snippet: use-in-your-app -->"
@@ -23,7 +24,7 @@ build-backend = "hatchling.build"
 [project]
 name = "my-app"
 version = "1.0.0"
-dependencies = ["flwr[simulation]>=1.41,<1.43", "torch>=2.2"]
+dependencies = ["flwr[simulation]>=1.41,<1.43", "torch>=2.2", "fedpdm-flower"]
 
 [tool.hatch.build.targets.wheel]
 packages = ["."]
@@ -62,19 +63,15 @@ def test_the_wrappers_snippet_builds_what_it_says() -> None:
     assert isinstance(compressed, Compressed) and isinstance(compressed.inner, Robust)
 
 
-@pytest.fixture(scope="module")
-def simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
-    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home")) as sim:
-        yield sim
-
-
 @pytest.mark.flower
-def test_the_snippet_runs_through_flwr_and_learns(simulation: LocalSimulation, tmp_path: Path) -> None:
+@pytest.mark.install
+def test_the_snippet_runs_through_flwr_and_learns(installed_simulation: LocalSimulation, tmp_path: Path) -> None:
     app = tmp_path / "app"
     app.mkdir()
     (app / "pyproject.toml").write_text(PYPROJECT)
     (app / "my_app.py").write_text(snippet())
-    run = run_flower({}, tmp_path / "out", num_supernodes=3, connection=simulation.connection, env=simulation.env,
+    run = run_flower({}, tmp_path / "out", num_supernodes=3, connection=installed_simulation.connection,
+                     env=installed_simulation.env,
                      simulation=True, app=app, results_name=None, stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
     found = re.findall(r"final accuracy (\d\.\d+)", run.log)

@@ -50,8 +50,9 @@ def test_robust_with_the_mean_is_the_inner_strategy(cls: Any) -> None:
     assert robust.arrays["steps"].numpy().dtype == np.int64
     # the bytes it records are those the transport carried, both ways
     grid = LocalGrid(user_app(), 8)
-    counted = Robust(strategy(cls, **kw), Mean()).start(grid=grid, initial_arrays=initial(), num_rounds=2)
-    m = counted.train_metrics_clientapp
+    counter = Robust(strategy(cls, **kw), Mean())
+    counter.start(grid=grid, initial_arrays=initial(), num_rounds=2)
+    m = counter.diagnostics
     assert sum(m[r]["robust.down_bytes"] for r in m) == grid.down_bytes > 0
     assert sum(m[r]["robust.up_bytes"] for r in m) == grid.up_bytes > 0
     if cls is FedAvg:  # the integer counter: the median of the replies' (all 5 more than sent), as FedAvg's mean
@@ -77,9 +78,10 @@ def test_two_byzantine_nodes_of_eight_stop_fedavg_from_learning() -> None:
 def test_robust_rules_learn_despite_two_byzantine_nodes_of_eight(rule: Any) -> None:
     # 6 rounds: plain FedAvg under this attack ends above 100x the starting loss, honest FedAvg near 4 % of it
     start = loss(initial())
-    result = run(Robust(strategy(), rule), user_app(poison=ATTACK))
+    robust = Robust(strategy(), rule)
+    result = run(robust, user_app(poison=ATTACK))
     assert loss(result.arrays) < 0.5 * start
-    m = result.train_metrics_clientapp
+    m = robust.diagnostics
     # the attack is visible in the metrics: the plain mean would have moved the model the other way
     assert all(m[r]["robust.inputs"] == 8 for r in m)
 
@@ -113,10 +115,10 @@ def test_robust_aggregation_over_secure_buffer_means() -> None:
     start = loss(initial())
     plain = run(SecureBuffers(strategy(n=n), buffer_size=2, threshold=2), app(), n=n, rounds=4)
     assert loss(plain.arrays) > 0.9 * start
-    robust = run(SecureBuffers(Robust(strategy(n=n), GeometricMedian()), buffer_size=2, threshold=2), app(), n=n,
-                 rounds=4)
+    wrapped = SecureBuffers(Robust(strategy(n=n), GeometricMedian()), buffer_size=2, threshold=2)
+    robust = run(wrapped, app(), n=n, rounds=4)
     assert loss(robust.arrays) < 0.3 * start
-    m = robust.train_metrics_clientapp
+    m = wrapped.diagnostics
     assert all(m[r]["secure.buffers"] == 6 and m[r]["robust.inputs"] == 6 for r in m)
 
 
@@ -153,9 +155,9 @@ def test_compressed_around_robust_resists_the_attack_on_a_fraction_of_the_uplink
     from fedpdm_flower.fedapp.compression.codecs import Quantizer
 
     start = loss(initial())
-    result = run(Compressed(Robust(strategy(), GeometricMedian()), uplink=Quantizer(4), seed=0),
-                 user_app(mods=[compress_mod()], poison=ATTACK), rounds=8)
+    compressed = Compressed(Robust(strategy(), GeometricMedian()), uplink=Quantizer(4), seed=0)
+    result = run(compressed, user_app(mods=[compress_mod()], poison=ATTACK), rounds=8)
     assert loss(result.arrays) < 0.5 * start
-    m = result.train_metrics_clientapp
+    m = compressed.diagnostics
     # 4 bits a value instead of 32, plus the records' fixed ~0.6 kB per message at d = 501: 0.35 measured
     assert sum(m[r]["compress.up_bytes"] for r in m) < 0.4 * sum(m[r]["compress.up_dense_bytes"] for r in m)

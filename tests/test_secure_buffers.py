@@ -54,10 +54,11 @@ class Recorder(LocalGrid):
 def test_secure_buffers_equal_plain_fedavg_up_to_the_fixed_point_step() -> None:
     plain = fedavg().start(grid=LocalGrid(user_app(), N), initial_arrays=initial(), num_rounds=3)
     grid = Recorder(secure_app(), N)
-    secure = SecureBuffers(fedavg(), buffer_size=4).start(grid=grid, initial_arrays=initial(), num_rounds=3)
+    wrapper = SecureBuffers(fedavg(), buffer_size=4)
+    secure = wrapper.start(grid=grid, initial_arrays=initial(), num_rounds=3)
     np.testing.assert_allclose(secure.arrays["w"].numpy(), plain.arrays["w"].numpy(), atol=5e-5)
     assert loss(secure.arrays) < 0.5 * loss(initial())  # it learns (3 rounds take the loss from 155 to 25)
-    m = secure.train_metrics_clientapp
+    m = wrapper.diagnostics
     assert all(m[r]["secure.buffers"] == 2 and m[r]["secure.buffers_discarded"] == 0 for r in m)
     # round 1 needs the key exchange; later rounds use the keys that rode on the unmask replies: 3 then 2 exchanges
     phases = [str(x.content.config_records.get("secure-info", ConfigRecord()).get("round", "")) for x in grid.transcript]
@@ -75,10 +76,17 @@ def test_the_servers_transcript_holds_no_individual_update() -> None:
         pid = strategy.keys[reply.metadata.src_node_id][0]
         truth = reference_update(pid, w0, 0.0)
         masked = reply.content.array_records["secure"]["masked"].numpy()
-        seen = secagg.dequantize(masked, 1, strategy.clip, strategy.levels)
+        # the update (scaled by its weight / max_weight = 300 / 1000), then the tail: the weight, the weighted
+        # metrics (only their names are in the clear) and the clipped count
+        declared = reply.content.config_records["secure-tail"]["metrics"]
+        assert declared == '[["train_loss", -1]]'
+        assert masked.shape == (D + 1 + secagg.tail_size([("train_loss", -1)]),)
+        seen = secagg.dequantize(masked[:D + 1], 1, strategy.clip, strategy.levels) / 0.3
         # the upload alone decodes to noise uniform on [-clip, clip]: nothing like the update (|u| < 1)
         assert np.median(np.abs(seen - truth)) > 1.0
         assert abs(np.corrcoef(seen, truth)[0, 1]) < 0.2
+        # the weight rides masked too: its exact code decodes to noise, not to the node's 300 examples
+        assert abs(secagg.decode_exact(masked[D + 1:D + 1 + secagg.EXACT_LIMBS], 1)[0] - 300) > 1e3
     # the strongest attempt from the transcript: remove the rebuilt self-mask (the server learns it for a survivor)
     b = strategy._round["buffers"][0]
     label = secagg.round_label(strategy.run_label, 1, 0)
@@ -89,8 +97,8 @@ def test_the_servers_transcript_holds_no_individual_update() -> None:
     seed = secagg.combine_secret([a.content.array_records["secure"][f"bshare.{cid}"].numpy().tobytes()
                                   for a in answers])
     upload = next(r for r in uploads if r.metadata.src_node_id == node).content.array_records["secure"]["masked"].numpy()
-    left = upload - secagg.self_mask(seed, label, D + 1)
-    seen = secagg.dequantize(left, 1, strategy.clip, strategy.levels)
+    left = upload - secagg.self_mask(seed, label, upload.size)
+    seen = secagg.dequantize(left[:D + 1], 1, strategy.clip, strategy.levels) / 0.3
     assert np.median(np.abs(seen - reference_update(cid, w0, 0.0))) > 1.0  # the pairwise masks of the mates still hide it
 
 
@@ -103,7 +111,7 @@ def test_a_buffer_survives_dropouts_down_to_its_threshold_with_the_survivors_exa
     strategy = SecureBuffers(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=n,
                                     min_train_nodes=n), buffer_size=size, threshold=threshold)
     result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
-    m = result.train_metrics_clientapp[1]
+    m = strategy.diagnostics[1]
     assert m["secure.dropped"] == len(offline) and m["secure.buffers_discarded"] == 0
     survivors = [strategy.keys[x][0] for buffer in strategy._round["buffers"] for x in buffer
                  if strategy.keys[x][0] not in offline]
@@ -117,8 +125,8 @@ def test_a_buffer_below_its_threshold_is_discarded_not_unmasked() -> None:
     grid = Recorder(secure_app(poison={0: "offline", 1: "offline"}), 4)
     strategy = SecureBuffers(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=4,
                                     min_train_nodes=4), buffer_size=4, threshold=3)
-    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
-    assert result.train_metrics_clientapp[1]["secure.buffers_discarded"] == 1
+    strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    assert strategy.diagnostics[1]["secure.buffers_discarded"] == 1
     # nobody was asked to unmask: the two survivors' replies in the transcript are their masked uploads only
     assert not [x for x in grid.transcript if any(k.startswith("bshare.")
                                                   for k in x.content.array_records.get("secure", {}))]

@@ -85,13 +85,13 @@ def test_compressed_with_lossless_codecs_equals_plain_fedavg() -> None:
 
 
 def test_compressed_top_k_both_ways_learns_with_a_fraction_of_the_bytes() -> None:
-    comp, grid = run(Compressed(fedavg(), uplink=TopK(0.1), downlink=TopK(0.25), seed=0),
-                     user_app(mods=[compress_mod()]), rounds=12)
+    compressed = Compressed(fedavg(), uplink=TopK(0.1), downlink=TopK(0.25), seed=0)
+    comp, grid = run(compressed, user_app(mods=[compress_mod()]), rounds=12)
     assert loss(comp.arrays) < 0.2 * loss(initial())
     no_memory, _ = run(Compressed(fedavg(), uplink=TopK(0.1), downlink=TopK(0.25), seed=0),
                        user_app(mods=[compress_mod(error_feedback=False)]), rounds=12)
     assert loss(comp.arrays) < 0.5 * loss(no_memory.arrays)  # error feedback: what top-k drops is sent later
-    m = comp.train_metrics_clientapp
+    m = compressed.diagnostics  # the wrapper's own figures, apart from the Result
     up = sum(m[r]["compress.up_bytes"] for r in m)
     up_dense = sum(m[r]["compress.up_dense_bytes"] for r in m)
     down = sum(m[r]["compress.down_bytes"] for r in range(2, 13))  # round 1 is dense: nobody holds a reference
@@ -134,10 +134,11 @@ def test_a_device_out_of_sync_is_refused_then_resynchronised_densely() -> None:
 @pytest.mark.parametrize("kind", ["nan", "shape", "weight"])
 def test_a_malformed_reply_is_dropped_not_aggregated(kind: str) -> None:
     clean, _ = run(StrategyWrapper(fedavg(min_train_nodes=3), max_weight=10_000), user_app(), nodes=4)
-    guarded, _ = run(StrategyWrapper(fedavg(min_train_nodes=3), max_weight=10_000), user_app(poison={3: kind}), nodes=4)
+    wrapper = StrategyWrapper(fedavg(min_train_nodes=3), max_weight=10_000)
+    guarded, _ = run(wrapper, user_app(poison={3: kind}), nodes=4)
     assert np.all(np.isfinite(guarded.arrays["w"].numpy()))
     assert loss(guarded.arrays) < 0.5 * loss(initial())
-    assert all(guarded.train_metrics_clientapp[r]["screen.rejected"] == 1 for r in guarded.train_metrics_clientapp)
+    assert all(wrapper.diagnostics[r]["screen.rejected"] == 1 for r in guarded.train_metrics_clientapp)
     assert loss(clean.arrays) < 0.5 * loss(initial())
 
 

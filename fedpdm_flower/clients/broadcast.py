@@ -33,6 +33,12 @@ message whose steps would take its RDP ledger past the floor (checked before any
 that would take its exact (GDP) epsilon past it. With node config ``privacy-ledger`` (a file path) the ledgers
 persist on the device across runs (the DP-SGD ledger beside it, in ``<path>.dpsgd.json``), so the floor bounds the
 device's total spend under each mechanism.
+
+A model with BatchNorm trains without DP: its buffers travel beside the vector (:mod:`fedpdm_flower.clients.base`); a
+round with ``dp`` true, or a device with a floor, refuses it (:meth:`~fedpdm_flower.clients.base.FedClient.refuse_buffers_under_dp`).
+Without DP the batches come from one pass of the loader's own sampler when it has one
+(:meth:`~fedpdm_flower.clients.base.FedClient.training_data`); with DP from the uniform permutation (36) assumes, or,
+under record-level DP-SGD, from the device's own Poisson sampling of its records.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ class BroadcastClient(FedClient):
 
     Parameters
     ----------
-    model, data, loss_fn, context, seed
+    model, data, loss_fn, context, seed, test_data, test_fn
         As :class:`fedpdm_flower.clients.base.FedClient`.
     max_epsilon
         The device owner's privacy floor: the largest RDP epsilon (at the message's delta, composing every release
@@ -83,10 +89,13 @@ class BroadcastClient(FedClient):
     """
 
     def __init__(self, model: Any, data: Any = None, loss_fn: Any = None, *, context: Any = None,
-                 seed: int | None = None, max_epsilon: float | None = None) -> None:
-        super().__init__(model, data, loss_fn, context=context, seed=seed)
+                 seed: int | None = None, max_epsilon: float | None = None, test_data: Any = None,
+                 test_fn: Any = None) -> None:
+        super().__init__(model, data, loss_fn, context=context, seed=seed, test_data=test_data, test_fn=test_fn)
         if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
             raise ValueError(f"max_epsilon must be a finite number > 0 or None, got {max_epsilon!r}")
+        if max_epsilon is not None:  # the device trains only with noise, so never with buffers
+            self.refuse_buffers_under_dp(f"this device sets a privacy floor (max_epsilon = {max_epsilon})")
         self.max_epsilon = max_epsilon
         self._plain: list[NDArray[Any]] | None = None  # the downlink arrays when they were the model's own layout
         # this message's admitted DP-SGD participation: (mechanism, delta, ledger, step), charged by release()
@@ -101,12 +110,22 @@ class BroadcastClient(FedClient):
         return props
 
     # ---------------------------------------------------------------- downlink and local-loop settings
+    def private(self, cfg: MessageConfig) -> bool:
+        """Whether the round asks for DP noise (``dp``); a private round refuses a model with buffers."""
+        private = cfg.flag("dp", False)
+        if private:
+            self.refuse_buffers_under_dp()
+        return private
+
     def receive(self, parameters: list[NDArray[Any]], cfg: MessageConfig) -> FloatArray:
-        """x_0^t dense: decoded from the codec arrays, or flattened from the model's own arrays (no format key)."""
+        """x_0^t dense: decoded from the codec arrays, or taken from the model's own arrays (no format key; a torch
+        model's buffers are loaded from them too)."""
         if FORMAT_KEY not in cfg:  # a plain strategy (e.g. Flower's FedAvg) sent the model as it is
             self._plain = [np.asarray(a) for a in parameters]
-            x = ArrayLayout.of({str(i): a for i, a in enumerate(self._plain)}).flatten(
-                {str(i): a for i, a in enumerate(self._plain)})
+            x = self.split_arrays(self._plain)
+            if x is None:  # a numpy model: its floating-point arrays in order
+                x = ArrayLayout.of({str(i): a for i, a in enumerate(self._plain)}).flatten(
+                    {str(i): a for i, a in enumerate(self._plain)})
             if x.shape != (self.model.dim,):
                 raise ValueError(f"received {x.size} parameters, this client's model has {self.model.dim}")
             return x
@@ -276,6 +295,10 @@ class BroadcastClient(FedClient):
         if len(idx) < d:
             return to_arrays(encode_sparse(SparseVector(indices=idx, values=values, dim=d)))
         if self._plain is not None:
+            layout = getattr(self.model, "layout", None)
+            if layout is not None and len(layout.entries) == len(self._plain):  # the trained model, buffers included
+                model = layout.unflatten(values, self.model.get_buffers())
+                return [np.asarray(v, dtype=a.dtype) for v, a in zip(model.values(), self._plain, strict=True)], None
             named = {str(i): a for i, a in enumerate(self._plain)}
             return list(ArrayLayout.of(named).unflatten(values, named).values()), None
         return to_arrays(encode_dense(values))

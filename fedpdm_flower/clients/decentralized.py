@@ -78,18 +78,22 @@ class AgentClient(FedClient):
 
     Parameters
     ----------
-    model, data, loss_fn, context, seed
+    model, data, loss_fn, context, seed, test_data, test_fn
         As :class:`fedpdm_flower.clients.base.FedClient` (``model`` may be None for an agent whose algorithm brings its own
-        local problem).
+        local problem). A torch model's buffers are the node's own: no server model holds them, so they persist in
+        the node's ``context.state`` from round to round (``node_local_buffers``).
     """
 
+    node_local_buffers = True
+
     def __init__(self, model: Any = None, data: Any = None, loss_fn: Any = None, *, context: Context | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, test_data: Any = None, test_fn: Any = None) -> None:
         if model is not None:
-            super().__init__(model, data, loss_fn, context=context, seed=seed)
+            super().__init__(model, data, loss_fn, context=context, seed=seed, test_data=test_data, test_fn=test_fn)
         else:  # routing-only or own-problem agents: no flat model
             self.model = None
             self.data = None
+            self.test, self.test_fn, self._test_source = None, None, None
             self.seed = seed
             self.node_context = None
             self.client_id = 0

@@ -45,7 +45,7 @@ from fedpdm_flower.clients.decentralized import MSG_ROUND, SyncAgentClient
 from fedpdm_flower.fedapp.algorithms import dpq
 from fedpdm_flower.fedapp.compression import quantize
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
-from fedpdm_flower.fedapp.localdata import ArrayData, TorchData, as_local_data
+from fedpdm_flower.fedapp.localdata import ArrayData, TorchData
 from fedpdm_flower.fedapp.privacy.dpq import DPQLedger, Lemma3Warning
 from fedpdm_flower.strategies.dpq import (
     ALPHA_KEY,
@@ -82,8 +82,9 @@ class DPQClient(SyncAgentClient):
     model
         The user's model: a torch ``nn.Module`` (with ``loss_fn``) or a numpy model object with ``dim``,
         ``grad(x, inputs, targets)`` (the mean per-sample gradient, eq. (5)) and ``loss(x, inputs, targets)``. A
-        torch model must be **buffer-free** (no BatchNorm: its running statistics would be noised, quantized and
-        mixed like weights without a gradient; use GroupNorm / LayerNorm), else ValueError.
+        torch model's buffers (BatchNorm's running statistics) stay beside x, never noised, quantized or mixed: they
+        are the node's own, kept in ``context.state`` (and averaged by the server only when the node shares its
+        model, ``share_model``); a run with privacy noise refuses them (as Opacus's validator does).
     data
         Node i's local data D_i: ``(x, y)`` arrays or a torch ``Dataset`` / ``DataLoader`` (its sampler is not
         used: the minibatch B_{i,k} of gamma_hat samples is drawn by index without replacement, spec 1.4).
@@ -125,9 +126,8 @@ class DPQClient(SyncAgentClient):
         if model is None or data is None:
             raise ValueError("DPQClient trains the user's model on the node's data: pass a torch nn.Module (and "
                              "loss_fn) or a numpy model with dim / grad / loss, and the local data")
-        super().__init__(model, data, loss_fn, context=context, seed=seed, neighbours=neighbours)
+        super().__init__(model, data, loss_fn, context=context, seed=seed, neighbours=neighbours, test_data=test_data)
         self.objective = dpq.local_objective(self.model, self.require_data())
-        self.test: ArrayData | TorchData | None = None if test_data is None else as_local_data(test_data)
         if eval_samples is not None and (isinstance(eval_samples, bool) or not isinstance(eval_samples, int)
                                          or eval_samples < 1):
             raise ValueError(f"eval_samples must be None or an integer >= 1, got {eval_samples!r}")
@@ -135,6 +135,8 @@ class DPQClient(SyncAgentClient):
         self.share_model = bool(share_model)
         if max_epsilon is not None and not (math.isfinite(max_epsilon) and max_epsilon > 0):
             raise ValueError(f"max_epsilon must be a finite number > 0 or None, got {max_epsilon!r}")
+        if max_epsilon is not None:  # the device publishes only noisy messages, so never trains buffers
+            self.refuse_buffers_under_dp(f"this device sets a privacy floor (max_epsilon = {max_epsilon})")
         self.max_epsilon = max_epsilon
         if max_abs_message is not None and not max_abs_message > 0:
             raise ValueError(f"max_abs_message must be > 0 or None, got {max_abs_message!r}")
@@ -251,6 +253,9 @@ class DPQClient(SyncAgentClient):
             raise ValueError(f"round {r} must run update k = {r - 2}, the server sent {K_KEY} = {k}")
         self.check_model(cfg)
         p = self.params_of(cfg)
+        if p.noise:
+            self.refuse_buffers_under_dp("this run adds privacy noise to the nodes' messages")
+        self._share_buffers = cfg.flag(SHARE_KEY, False) and self.share_model
         i = self.agent_id
         metrics: dict[str, Any] = {"agent_id": i, "k": k}
         if r == 1:

@@ -53,12 +53,13 @@ class LocalSGDClient(BroadcastClient):
         Returns the local model with Q, eta^t and b.
         """
         eta, b = self.eta(cfg), self.batch_size(cfg)
+        data = self.training_data(self.private(cfg))
         dpsgd = self.dpsgd_oracle(cfg)  # record-level DP-SGD steps, admitted by the device's floor before training
         max_steps = cfg.integer("max-steps", lo=1)
         if dpsgd is not None:
             max_steps = min(max_steps, dpsgd.mechanism.steps)
         res = local_sgd(
-            x0, self.require_data(), self.model, eta=eta, batch_size=b, max_steps=max_steps,
+            x0, data, self.model, eta=eta, batch_size=b, max_steps=max_steps,
             clip=None if dpsgd is not None else self.clip(cfg), rng=self.rng(server_round),
             gamma=cfg.number("gamma", 0.0, lo=0.0), prox=prox, correction=correction, linear=linear, gradient=dpsgd,
         )

@@ -33,11 +33,12 @@ class FedPDMClient(BroadcastClient):
     ----------
     model
         The user's model: a torch ``nn.Module`` (with ``loss_fn``) or a numpy model object with ``dim``,
-        ``grad(x, inputs, targets)`` and ``loss(x, inputs, targets)``. Models with BatchNorm are refused (their
-        running statistics sit outside (8a) and the privacy analysis); use GroupNorm.
+        ``grad(x, inputs, targets)`` and ``loss(x, inputs, targets)``. BatchNorm trains without DP (its running
+        statistics travel beside (8a)'s x, :mod:`fedpdm_flower.clients.base`); a private round refuses it.
     data
         The local data D_i: ``(x, y)`` arrays or a torch ``Dataset`` / ``DataLoader`` (mini-batches are drawn by
-        the algorithm: consecutive slices of one permutation per round, Thm. 2's sampling).
+        the algorithm: consecutive slices of one permutation per round, Thm. 2's sampling; without DP the
+        permutation is of one pass of the loader's own sampler, if it has one).
     loss_fn
         The torch model's loss (default cross-entropy); f_i is its mean over a mini-batch.
     context
@@ -46,6 +47,8 @@ class FedPDMClient(BroadcastClient):
         The device's seed for batch order and noise (None: OS entropy).
     max_epsilon
         The device's privacy floor (see :class:`fedpdm_flower.clients.broadcast.BroadcastClient`).
+    test_data, test_fn
+        Flower's federated evaluation (:meth:`fedpdm_flower.clients.base.FedClient.evaluate`).
 
     Examples
     --------
@@ -60,6 +63,7 @@ class FedPDMClient(BroadcastClient):
         server_round = cfg.integer("server-round", lo=1)
         # Downlink: dense x_0^t, or the top_k' sparse model xhat_0^t zero-padded (Alg. 2 lines 1-2); the client uses
         # what it received everywhere, in (8a), (10) and (8c) (spec A12).
+        private = self.private(cfg)
         x0 = self.receive(parameters, cfg)
         rho = cfg.number("rho", lo=0.0, lo_open=True)
         eta, clip, b = self.eta(cfg), self.clip(cfg), self.batch_size(cfg)
@@ -73,7 +77,7 @@ class FedPDMClient(BroadcastClient):
         if dpsgd is not None:
             max_steps = min(max_steps, dpsgd.mechanism.steps)
         res = local_update(
-            x0, dual, self.require_data(), self.model, eta=eta, rho=rho, nu=cfg.number("nu", lo=0.0),
+            x0, dual, self.training_data(private), self.model, eta=eta, rho=rho, nu=cfg.number("nu", lo=0.0),
             batch_size=b, max_steps=max_steps, clip=None if dpsgd is not None else clip, rng=self.rng(server_round),
             gradient=dpsgd,
         )

@@ -80,7 +80,13 @@ from fedpdm_flower.clients.secure import (
     mask_reply,
     unmask_reply,
 )
-from fedpdm_flower.fedapp.algorithms.fedrep import LocalResult, local_momentum_sgd, model_crc, server_step
+from fedpdm_flower.fedapp.algorithms.fedrep import (
+    LocalResult,
+    buffer_indices,
+    local_momentum_sgd,
+    model_crc,
+    server_step,
+)
 from fedpdm_flower.fedapp.compression import conspar
 from fedpdm_flower.fedapp.layout import FloatArray
 from fedpdm_flower.fedapp.localdata import ArrayData, TorchData
@@ -122,13 +128,15 @@ class LocalMomentumClient(FedClient):
     attack
         SIMULATION ONLY: :class:`fedpdm_flower.fedapp.attacks.ClientAttack` for a client a simulation made Byzantine; it corrupts
         what this client transmits. None (default): an honest client.
+    test_data, test_fn
+        Flower's federated evaluation (:meth:`fedpdm_flower.clients.base.FedClient.evaluate`).
     """
 
-    supports_buffers = True
+    buffers = "in-vector"  # FedREP's w holds the float buffers (spec 11.2); see FedREPClient for how they travel
 
     def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Any = None, seed: int | None = None,
-                 attack: ClientAttack | None = None) -> None:
-        super().__init__(model, data, loss_fn, context=context, seed=seed)
+                 attack: ClientAttack | None = None, test_data: Any = None, test_fn: Any = None) -> None:
+        super().__init__(model, data, loss_fn, context=context, seed=seed, test_data=test_data, test_fn=test_fn)
         missing = [a for a in _TORCH_API if not hasattr(self.model, a)]
         if missing:
             raise TypeError(f"{type(self).__name__} trains a torch nn.Module in place (Eq. 180); "
@@ -139,6 +147,8 @@ class LocalMomentumClient(FedClient):
             if attack is not None and not callable(getattr(attack, name, None)):
                 raise TypeError(f"attack must be a fedpdm_flower.fedapp.attacks.ClientAttack, got {type(attack).__name__}")
         self.attack = attack
+        #: the coordinates of w holding this model's floating-point buffers (never proposed, no error memory)
+        self.buffer_idx = buffer_indices(self.model.layout, self.model.buffer_names)
 
     # ---------------------------------------------------------------- state helpers
     def _state(self) -> dict[str, Any]:
@@ -203,13 +213,6 @@ class LocalMomentumClient(FedClient):
             if e.in_vector:
                 parts.append(np.asarray(a, dtype=np.float32).reshape(-1))
         return np.concatenate(parts).astype(np.float64)
-
-    def evaluate(self, parameters: list[NDArray[Any]], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-        """Loss and accuracy on this client's data of a model sent as one flat vector or as the state dict's arrays
-        (Flower's federated evaluation)."""
-        if len(parameters) == 1 and np.asarray(parameters[0]).size == self.model.dim:
-            return super().evaluate(parameters, config)
-        return super().evaluate([self._flat_model(parameters)], config)
 
 
 class MomentumSGDClient(LocalMomentumClient):
@@ -297,8 +300,10 @@ class FedREPClient(LocalMomentumClient):
     actions = ("query.propose", "query.unmask")
 
     def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Any = None, seed: int | None = None,
-                 attack: ClientAttack | None = None, secure: SecureDevice | None = None) -> None:
-        super().__init__(model, data, loss_fn, context=context, seed=seed, attack=attack)
+                 attack: ClientAttack | None = None, secure: SecureDevice | None = None, test_data: Any = None,
+                 test_fn: Any = None) -> None:
+        super().__init__(model, data, loss_fn, context=context, seed=seed, attack=attack, test_data=test_data,
+                         test_fn=test_fn)
         if secure is not None and not isinstance(secure, SecureDevice):
             raise TypeError(f"secure must be a fedpdm_flower.clients.secure.SecureDevice or None, got {type(secure).__name__}")
         self.secure = secure
@@ -356,13 +361,14 @@ class FedREPClient(LocalMomentumClient):
         stale = self._load("g", np.float64)
         if stale is not None and error_feedback:  # never asked to submit last time: nothing of g was sent
             u = stale
+        u = _without(u, self.buffer_idx)  # a buffer's change is a distance to this device's statistics, not a step
         res = self.local_round(w, cfg, st)
         g = u + (w.astype(np.float64) - res.w)  # Alg. 2: g_k^t = u_k^t + (w^t - w_k^{t+1})
         rng = self.rng(t, STREAM_PROPOSE)
         if k >= d:
             proposal = np.zeros(0, dtype=np.int64)  # SHARE (k = d): every coordinate, nothing to send
-        else:
-            proposal = conspar.propose(g, k, alpha, rng)
+        else:  # the buffers' coordinates are sent every round (the server adds them to I^t): not proposed
+            proposal = conspar.propose(_without(g, self.buffer_idx), k, alpha, rng)
             if self.attack is not None:  # simulation only (App. C.2, non-omniscient attacks)
                 proposal = self.attack.corrupt_proposal(proposal, g, k, self.rng(t, STREAM_ATTACK))
         arrays: list[NDArray[Any]] = [proposal.astype(np.uint32)]
@@ -408,6 +414,7 @@ class FedREPClient(LocalMomentumClient):
         if idx.size and (idx.min() < 0 or idx.max() >= d or np.any(np.diff(idx) <= 0)):
             raise ValueError("consensus set must be ascending unique indices in [0, d)")
         payload, u_next = conspar.compress(g, idx)
+        u_next = _without(u_next, self.buffer_idx)  # no error memory on buffers, whether or not the server sent them
         if self.attack is not None:  # simulation only (bit-flip)
             payload = self.attack.corrupt_values(payload)
         return payload, u_next
@@ -418,7 +425,12 @@ class FedREPClient(LocalMomentumClient):
         if self.secure is None:
             if message_type == "query.unmask":
                 raise ValueError(_NOT_SECURE)
-            return super().handle(message_type, content)
+            reply = super().handle(message_type, content)
+            if message_type == "query.propose" and "metrics" in reply.metric_records:
+                # phase 1 is where the device trains: its metrics are the round's train metrics, weighted by |D_k|
+                # (Flower's "num-examples"; the server aggregates them as FedAvg does)
+                reply.metric_records["metrics"]["num-examples"] = self.num_examples
+            return reply
         if message_type == "query.propose":
             return self._secure_propose(content)
         if message_type == "train":
@@ -516,6 +528,13 @@ class FedREPClient(LocalMomentumClient):
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or not all(isinstance(b, bytes) for b in keys):
             raise ValueError("message config 'peer-ids' must hold integers and 'peer-keys' bytes")
         return dict(zip(ids, keys, strict=True))
+
+
+def _without(g: FloatArray, idx: NDArray[np.int64]) -> FloatArray:
+    """g with the coordinates ``idx`` zeroed (a copy)."""
+    out = np.array(g, dtype=np.float64)
+    out[idx] = 0.0
+    return out
 
 
 _NOT_SECURE = ("masked buffers need a device in secure mode: FedREPClient(..., secure=SecureDevice(identity, "

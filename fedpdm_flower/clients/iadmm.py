@@ -127,8 +127,9 @@ class IADMMClient(FedClient):
         * without privacy any model with ``dim``, ``grad`` and ``loss`` works.
 
         A message that asks for what the model does not support is refused with an error naming what is missing.
-        Models with BatchNorm are refused (the solver sets the whole vector; use GroupNorm, e.g. with Opacus's
-        ``ModuleValidator.fix``).
+        A model with BatchNorm trains without privacy (its buffers travel beside the vector,
+        :mod:`fedpdm_flower.clients.base`); a private round refuses it (swap BatchNorm for GroupNorm, e.g. with
+        Opacus's ``ModuleValidator.fix``).
     data
         The local data D_p: ``(x, y)`` arrays or a torch ``Dataset`` / ``DataLoader``. The paper's mechanism and the
         non-private solver use the full local data set in every solve; DP-SGD a Poisson sample of it.
@@ -158,6 +159,8 @@ class IADMMClient(FedClient):
         Samples per full-batch gradient evaluation of a model other than the multinomial one (default 256).
     secure_noise
         Draw DP-SGD's Gaussian noise from ``os.urandom`` (the core's ``gaussian_noise(secure=True)``).
+    test_data, test_fn
+        Flower's federated evaluation (:meth:`fedpdm_flower.clients.base.FedClient.evaluate`).
 
     Examples
     --------
@@ -174,8 +177,9 @@ class IADMMClient(FedClient):
 
     def __init__(self, model: Any, data: Any, loss_fn: Any = None, *, context: Any = None, seed: int | None = None,
                  noise_seed: int = 0, device: str = "cpu", max_epsilon: float | None = None, delta: float = 1e-5,
-                 ledger_path: str | Path | None = None, chunk_size: int = 256, secure_noise: bool = False) -> None:
-        super().__init__(model, data, loss_fn, context=context, seed=seed)
+                 ledger_path: str | Path | None = None, chunk_size: int = 256, secure_noise: bool = False,
+                 test_data: Any = None, test_fn: Any = None) -> None:
+        super().__init__(model, data, loss_fn, context=context, seed=seed, test_data=test_data, test_fn=test_fn)
         if self.data is None:
             raise ValueError(f"{type(self).__name__} needs the agent's local data")
         if isinstance(noise_seed, bool) or not isinstance(noise_seed, int) or noise_seed < 0:
@@ -186,6 +190,8 @@ class IADMMClient(FedClient):
             raise ValueError(f"max_epsilon must be a finite number > 0 or None, got {max_epsilon!r}")
         if not 0.0 < delta < 1.0:
             raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+        if max_epsilon is not None:  # the device trains only with noise, so never with buffers
+            self.refuse_buffers_under_dp(f"this device sets a privacy floor (max_epsilon = {max_epsilon})")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
         self.noise_seed, self.device, self.max_epsilon, self.delta = noise_seed, device, max_epsilon, float(delta)
@@ -433,6 +439,8 @@ class IADMMClient(FedClient):
         e_count = cfg.integer("local-updates", lo=1, hi=100_000)
         box = cfg.number("box", 0.0, lo=0.0)
         req = self.request(cfg, e_count)
+        if req.private:  # a buffer (BatchNorm's statistics) is outside every privacy analysis
+            self.refuse_buffers_under_dp()
         lam, start, meta = self.load_state(t, w)
         self.guard(req, 1, e_count)
         if req.kind == "dp-sgd":
@@ -538,6 +546,8 @@ class OutPClient(IADMMClient):
         order = cfg.choice("order", ("huang", "alg1"))
         local_scale = cfg.choice("grad-scale", ("local", "global")) == "local"
         req = self.request(cfg, 1)
+        if req.private:
+            self.refuse_buffers_under_dp()
         w = self.receive(parameters, cfg)
         lam, z, meta = self.load_state(t, w)
         self.guard(req, 1, 1)

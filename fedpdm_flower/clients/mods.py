@@ -8,12 +8,13 @@ Flower error reply naming why.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 from numpy.typing import NDArray
@@ -30,21 +31,25 @@ from fedpdm_flower.clients.secure import (
     mask_reply,
     unmask_reply,
 )
+from fedpdm_flower.fedapp import secagg
 from fedpdm_flower.fedapp.compression.codecs import Codec, codec_from_spec
-from fedpdm_flower.fedapp.layout import ArrayLayout
+from fedpdm_flower.fedapp.layout import ArrayLayout, norm_buffer_names
 from fedpdm_flower.fedapp.secagg import (
     S_BUFFER,
     S_CLIP,
     S_DROPPED,
     S_INFO,
     S_LEVELS,
+    S_MAX_WEIGHT,
     S_MEMBERS,
     S_PHASE,
     S_RECORD,
     S_ROUND,
     S_RUN,
     S_SURVIVORS,
+    S_TAIL,
     S_THRESHOLD,
+    S_WEIGHT_KEY,
 )
 
 __all__ = ["compress_mod", "secure_buffers_mod"]
@@ -136,7 +141,7 @@ def _downlink(named: dict[str, NDArray[Any]], cfg: dict[str, Any], state: Record
         if REFERENCE not in state.array_records:
             raise ValueError("a compressed model change arrived but this device holds no reference model")
         held = _named(state.array_records[REFERENCE])
-        layout = ArrayLayout.of(held)
+        layout = _layout(held)
         old = layout.flatten(held)
         if cfg.get(BASE_CRC) != _crc(old):
             raise ValueError("the model change is against another reference than this device's (CRC differs)")
@@ -145,11 +150,17 @@ def _downlink(named: dict[str, NDArray[Any]], cfg: dict[str, Any], state: Record
         change = codec_from_spec(str(cfg[DOWNLINK])).decode(code, layout.dim)
         reference = layout.flatten(layout.unflatten(old + change, carried))
     else:
-        layout = ArrayLayout.of(named)
+        layout = _layout(named)
         reference = layout.flatten(named)
     if cfg.get(NEW_CRC) != _crc(reference):
         raise ValueError("the rebuilt model does not match the server's CRC")
     return reference, layout
+
+
+def _layout(named: Mapping[str, NDArray[Any]]) -> ArrayLayout:
+    """The flat vector the codec compresses: the model's entries but its normalisation buffers (BatchNorm statistics),
+    which travel as they are: error feedback would sum a statistic's change round after round and overshoot."""
+    return ArrayLayout.of(named, beside=norm_buffer_names(named))
 
 
 def _uplink(reply: Message, layout: ArrayLayout, reference: Any, codec: Any, state: RecordDict, error_feedback: bool,
@@ -234,7 +245,15 @@ def secure_buffers_mod(identity: Any = None, trust_store: Any = None, *, min_buf
 def _mask(msg: Message, context: Context, call_next: ClientAppCallable, cfg: dict[str, Any], me: int, trust: Any,
           min_buffer: int, ddp: DeviceSkellam | None = None) -> Message:
     """Check the buffer and the mates' keys (and the noise), run the user's train function, upload the masked
-    update + shares."""
+    update, its weight and weighted metrics + the shares.
+
+    The masked vector is the update (weighted: scaled by ``weight / W``, W the server's ``secure.max-weight``, as
+    Flower's SecAgg+ does; under distributed DP unweighted, clipped and noised by the device's Skellam policy)
+    followed by its tail, ``encode_exact([w, w m_1, ..., clipped])``: the buffer's sum gives the server the total
+    weight and the numerators of Flower's weighted means, never one client's metrics. The metric names travel in the
+    clear (record ``secure-tail``); the values only inside the masks. Update coordinates beyond the fixed-point range
+    ``+-clip`` are clipped by the code and counted in the tail, so the server reports them per round.
+    """
     request = accept_mask(context.state, cfg, msg.content.array_records.get(S_RECORD), me, trust, min_buffer)
     sent = next(r for k, r in msg.content.array_records.items() if k != S_RECORD)
     plan: dict[str, float] | None = None
@@ -242,6 +261,13 @@ def _mask(msg: Message, context: Context, call_next: ClientAppCallable, cfg: dic
         ddp = DeviceSkellam(min_noise_multiplier=0.0)
     if ddp is not None:  # before anything is trained: a refused request costs nothing and reveals nothing
         plan = ddp.plan(cfg, len(request.members), request.threshold, ArrayLayout.of(_named(sent)).dim, context.state)
+    weight_key = cfg.get(S_WEIGHT_KEY)
+    if not isinstance(weight_key, str) or not weight_key:
+        raise ValueError(f"message config {S_WEIGHT_KEY!r} (the metric that weights this node's update) is missing")
+    max_weight = cfg.get(S_MAX_WEIGHT)
+    if max_weight is not None and (isinstance(max_weight, bool) or not isinstance(max_weight, int | float)
+                                   or not np.isfinite(max_weight) or max_weight <= 0):
+        raise ValueError(f"message config {S_MAX_WEIGHT!r} = {max_weight!r} must be a finite number > 0")
     # the user's train function sees a plain train message: the model and its own config
     ckey, _ = _config(msg)
     plain_cfg = {k: v for k, v in cfg.items() if not k.startswith(("secure.", "ddp."))}
@@ -250,16 +276,23 @@ def _mask(msg: Message, context: Context, call_next: ClientAppCallable, cfg: dic
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
-    if len(reply.content.array_records) != 1:
-        raise ValueError("the ClientApp's reply must carry one ArrayRecord")
+    if len(reply.content.array_records) != 1 or len(reply.content.metric_records) != 1:
+        raise ValueError(f"the ClientApp's reply must carry one ArrayRecord and one MetricRecord, got "
+                         f"{len(reply.content.array_records)} and {len(reply.content.metric_records)}")
     model = _named(next(iter(reply.content.array_records.values())))
+    declaration, tail = secagg.metric_tail(dict(next(iter(reply.content.metric_records.values()))), weight_key)
     layout = ArrayLayout.of(_named(sent))
     layout.check(model, what="the ClientApp's reply")
     update = layout.flatten(model) - layout.flatten(_named(sent))
+    rng = np.random.default_rng()  # the rounding is the device's own randomness
+    clipped = 0
     if ddp is not None and plan is not None:
-        record = mask_reply(context.state, request, ddp.encode(update, plan, context.state), np.random.default_rng(),
-                            encoded=True)
+        code = ddp.encode(update, plan, context.state)
     else:
-        record = mask_reply(context.state, request, update, np.random.default_rng())
-    # the user's metrics stay on the device: individual train metrics would leak what the masks hide
-    return Message(RecordDict({S_RECORD: record, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+        scaled = update * (tail[0] / float(max_weight)) if max_weight is not None else update
+        clipped = int(np.count_nonzero(np.abs(scaled) > request.clip))
+        code = secagg.quantize(scaled, rng, request.clip, request.levels)
+    vector = np.concatenate([code, secagg.encode_exact(np.append(tail, float(clipped)))])
+    record = mask_reply(context.state, request, vector, rng, encoded=True)
+    return Message(RecordDict({S_RECORD: record, S_TAIL: ConfigRecord({"metrics": json.dumps(declaration)})}),
+                   reply_to=msg)

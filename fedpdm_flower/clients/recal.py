@@ -121,9 +121,11 @@ def local_objective(model: Any, data: Any = None, loss_fn: Any = None) -> LocalO
         raise ValueError(f"DP-RECAL's f_i is the mean loss of {type(model).__name__} on the agent's own data: pass "
                          "data=(inputs, targets) or a torch Dataset / DataLoader")
     if getattr(flat, "has_float_buffers", False):
-        raise ValueError("DP-RECAL sets the whole parameter vector at every step, so floating-point buffers "
-                         f"{flat.buffer_names[:3]} (BatchNorm running statistics) would never follow the data: "
-                         "use a model without them")
+        raise ValueError(f"DP-RECAL is differentially private, and the model has floating-point buffers "
+                         f"{flat.buffer_names[:3]} (state computed from the data outside the gradient, such as "
+                         "BatchNorm's running statistics), which no privacy analysis covers. Differentially private "
+                         "training refuses them, as Opacus's validator does; the one-line fix swaps BatchNorm for "
+                         "GroupNorm: model = opacus.validators.ModuleValidator.fix(model)")
     return FullBatchObjective(flat, data)
 
 

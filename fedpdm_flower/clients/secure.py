@@ -34,6 +34,7 @@ from fedpdm_flower.fedapp import secagg
 from fedpdm_flower.fedapp.secagg import (
     S_BUFFER,
     S_CLIP,
+    S_COUNT,
     S_DROPPED,
     S_INFO,
     S_LEVELS,
@@ -169,6 +170,7 @@ class MaskRequest:
     levels: int
     peers: dict[int, bytes]
     private_key: bytes
+    count_clipped: bool = False
 
     @property
     def label(self) -> bytes:
@@ -206,15 +208,19 @@ def accept_mask(state: RecordDict, cfg: Mapping[str, Any], peers_record: ArrayRe
         secagg.check_public_key(pk)
         peers[cid] = pk
     return MaskRequest(run, rnd, buffer_id, sorted(members), t, float(clip), levels, peers,
-                       bytes(key["sk"]))  # type: ignore[arg-type]
+                       bytes(key["sk"]), cfg.get(S_COUNT) is True)  # type: ignore[arg-type]
 
 
 def mask_reply(state: RecordDict, request: MaskRequest, x: NDArray[Any], rng: np.random.Generator, *,
                encoded: bool = False) -> ArrayRecord:
     """The ``secure`` record of the masked upload of ``x`` (masked, share.<mate>, commit); the round becomes the last
     one masked, its key is used up, and what the unmask step needs is kept in ``state``. ``encoded``: x is already
-    a uint32 vector on the ring (distributed DP's encoding)."""
+    a uint32 vector on the ring (distributed DP's encoding). When the request asks (``secure.count-clipped``), the
+    quantized vector carries the count of coordinates the fixed-point code clipped
+    (:func:`fedpdm_flower.fedapp.secagg.encode_counted`)."""
     me = next(c for c in request.members if c not in request.peers)
+    if request.count_clipped and not encoded:  # the fixed-point code clips nothing silently: append the count
+        x, encoded = secagg.encode_counted(x, len(request.members), rng, request.clip, request.levels), True
     sealed = secagg.mask_input(x, me, request.private_key, request.peers, request.threshold, request.label, rng,
                                request.clip, request.levels, encoded=encoded)
     out: dict[str, NDArray[Any]] = {"masked": sealed.masked, "commit": _bytes_array(sealed.commit)}

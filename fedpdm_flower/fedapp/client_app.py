@@ -67,7 +67,7 @@ def handle(message_type: str, content: RecordDict, context: Context) -> RecordDi
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Client state that survives the run (README "Checkpoints and resume"). Flower gives each run fresh Contexts, so a
+# Client state that survives the run (docs/deployment.md "Checkpoints and resume"). Flower gives each run fresh Contexts, so a
 # ServerApp that crashes and is resumed as a new run would meet clients without their duals, control variates and
 # ledgers. A node that keeps a state directory (node config ``state-dir``, else the run config's
 # ``client-state-dir``) writes its context.state there after every message that carries the run's token, as one

@@ -32,7 +32,7 @@ def debug_enabled() -> bool:
     """True when FEDAPP_DEBUG is set to anything but "", "0" or "false": failures then log their traceback too.
 
     Under `flwr run` the variable must be in the environment of the process that runs the app: for the local
-    simulation SuperLink that is the daemon's, so set it before the daemon starts (README, "When a run fails").
+    simulation SuperLink that is the daemon's, so set it before the daemon starts (docs/running.md, "When a run fails").
     """
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false")
 
@@ -80,7 +80,7 @@ class RunConfig:
     num_server_rounds: int = field(default=30, metadata=_key("num-server-rounds", lambda v: v >= 1))
     seed: int = field(default=0, metadata=_key("seed", _nonneg))
     out_dir: str = field(default="", metadata=_key("out-dir", None, "where results.json and the plot go"))
-    # ---- checkpoints and resume (fedpdm_flower/fedapp/checkpoint.py, README "Checkpoints and resume")
+    # ---- checkpoints and resume (fedpdm_flower/fedapp/checkpoint.py, docs/deployment.md "Checkpoints and resume")
     checkpoint: bool = field(default=True, metadata=_key("checkpoint", None, "write out-dir/checkpoint after every round"))
     resume: bool = field(default=False, metadata=_key("resume", None, "continue the run whose checkpoint is in out-dir"))
     client_state_dir: str = field(default="", metadata=_key(
@@ -95,15 +95,15 @@ class RunConfig:
     beta: float = field(default=0.5, metadata=_key("beta", _nonneg))
     # Paper: gamma = 0.5. With pixel features in [0, 1] that makes X = 0 the stationary point (the data term's
     # gradient per coordinate is < 0.05 < gamma; measured: an all-zero model, 9.8 % accuracy), so we default to
-    # 0.005 and scale the gamma grid of Fig. 6 by 1/100 (README, "Deviations").
+    # 0.005 and scale the gamma grid of Fig. 6 by 1/100 (docs/fedpdm.md, "Deviations").
     gamma: float = field(default=0.005, metadata=_key("gamma", _nonneg))
     max_local_steps: int = field(default=10, metadata=_key("max-local-steps", lambda v: v >= 1))
     init_std: float = field(default=0.01, metadata=_key("init-std", _nonneg))
     dp: bool = field(default=True, metadata=_key("dp"))
     # "dpsgd": record-level DP-SGD on every device, (epsilon-total, delta) for one record under the RDP accountant
-    # (PrivacyTarget; docs/private-learning.md); "gdp": the paper's noise on the upload at an exact GDP target, no
-    # amplification (GaussianTarget); "eq36": the paper's calibration (36), whose figure a rigorous accountant does
-    # not confirm (README)
+    # (PrivacyTarget; docs/private-learning.md); "gdp": the paper's noise on the upload at an exact GDP target for one
+    # record, over every round, no amplification (GaussianTarget); "eq36": the paper's calibration (36), whose figure
+    # a rigorous accountant does not confirm (docs/fedpdm.md)
     dp_calibration: str = field(default="gdp", metadata=_key("dp-calibration", _choice("gdp", "eq36", "dpsgd")))
     dp_sample_rate: float = field(default=0.0, metadata=_key(
         "dp-sample-rate", lambda v: 0 <= v <= 1, "q of DP-SGD's Poisson sampling; 0 = batch-size / records per client"))

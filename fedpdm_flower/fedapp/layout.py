@@ -8,8 +8,12 @@ aggregators all act coordinate-wise), while a Flower user hands over a model as 
 * every **floating-point** entry, in the order given, is flattened row-major into x (float64 in the math, so that
   duals and accumulated sums do not drift; the user's dtype is restored on the way out);
 * every other entry (an integer or bool array such as BatchNorm's ``num_batches_tracked``, a 0-d counter) is
-  **carried unchanged**: it is not part of x, no algorithm aggregates it, and the layout returns the value it was
-  given (Flower's own FedAvg averages such entries into fractional floats; we do not);
+  **carried beside x**: it is not part of x, and :meth:`ArrayLayout.unflatten` takes its value from the mapping it
+  is given (the strategy's record of the model's state entries, :mod:`fedpdm_flower.strategies.base`);
+* floating-point entries named in ``beside`` (:meth:`ArrayLayout.of`) are carried beside x too: **buffers**, state
+  the model computes from the data outside the gradient (BatchNorm's running statistics, :func:`norm_buffer_names`).
+  An algorithm that moves x by gradients, duals, control variates, sparsifiers or noise must not move them; they
+  travel in their own record and are aggregated as Flower's FedAvg does (a weighted mean);
 * names, shapes and dtypes are checked on every conversion, so a reply or a model of another architecture fails
   with a message naming the entry instead of being silently reshaped.
 
@@ -19,7 +23,7 @@ Framework-free (numpy only): the Flower layer converts ``ArrayRecord`` <-> ``dic
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +32,20 @@ from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
 
-__all__ = ["ArrayLayout", "Entry", "LayoutMismatch"]
+__all__ = ["NORM_BUFFERS", "ArrayLayout", "Entry", "LayoutMismatch", "norm_buffer_names"]
+
+#: state-dict suffixes of torch's normalisation-layer buffers (BatchNorm / InstanceNorm running statistics)
+NORM_BUFFERS = ("running_mean", "running_var")
+
+
+def norm_buffer_names(arrays: Mapping[str, NDArray[Any]]) -> list[str]:
+    """The floating-point entries of ``arrays`` that are torch normalisation-layer buffers (names ending in
+    ``running_mean`` / ``running_var``): what a server that holds only a state dict's names takes for buffers.
+
+    ASSUMPTION: a state dict names its BatchNorm statistics the way torch does. A device knows its buffers exactly
+    (``nn.Module.named_buffers``) and checks the server's layout against its own (the layout fingerprint).
+    """
+    return [k for k, v in arrays.items() if str(k).endswith(NORM_BUFFERS) and _is_float(np.asarray(v).dtype)]
 
 
 class LayoutMismatch(ValueError):
@@ -48,7 +65,7 @@ class Entry:
     dtype
         The array's dtype as given by the user (restored by :meth:`ArrayLayout.unflatten`).
     offset
-        Start of the entry in x, or None for an entry that is carried unchanged (not floating point).
+        Start of the entry in x, or None for an entry carried beside x (not floating point, or a buffer).
     """
 
     name: str
@@ -63,7 +80,7 @@ class Entry:
 
     @property
     def in_vector(self) -> bool:
-        """True for a floating-point entry (part of x)."""
+        """True for an entry of x (a floating-point entry that is not a buffer)."""
         return self.offset is not None
 
 
@@ -92,15 +109,20 @@ class ArrayLayout:
             raise LayoutMismatch(f"no floating-point array among {names}: there is nothing to train")
 
     @classmethod
-    def of(cls, arrays: Mapping[str, NDArray[Any]]) -> ArrayLayout:
-        """The layout of ``arrays`` (insertion order kept)."""
+    def of(cls, arrays: Mapping[str, NDArray[Any]], *, beside: Iterable[str] = ()) -> ArrayLayout:
+        """The layout of ``arrays`` (insertion order kept); the floating-point entries named in ``beside`` (buffers)
+        are carried beside x instead of in it."""
+        keep = set(beside)
+        unknown = sorted(keep - {str(k) for k in arrays})
+        if unknown:
+            raise LayoutMismatch(f"buffer(s) {unknown} are not entries of the model")
         entries: list[Entry] = []
         off = 0
         for name, value in arrays.items():
             a = np.asarray(value)
             if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
                 raise LayoutMismatch(f"array {name!r} has dtype {a.dtype}: only numeric arrays can be trained")
-            if _is_float(a.dtype):
+            if _is_float(a.dtype) and str(name) not in keep:
                 entries.append(Entry(str(name), tuple(a.shape), a.dtype, off))
                 off += int(a.size)
             else:
@@ -111,6 +133,16 @@ class ArrayLayout:
     def names(self) -> list[str]:
         """Entry names in order."""
         return [e.name for e in self.entries]
+
+    @property
+    def beside_names(self) -> list[str]:
+        """The entries carried beside x (integer entries and buffers), in order."""
+        return [e.name for e in self.entries if not e.in_vector]
+
+    @property
+    def buffer_names(self) -> list[str]:
+        """The floating-point entries carried beside x (buffers), in order."""
+        return [e.name for e in self.entries if not e.in_vector and _is_float(e.dtype)]
 
     def check(self, arrays: Mapping[str, NDArray[Any]], *, what: str = "arrays") -> None:
         """Raise :class:`LayoutMismatch` unless ``arrays`` have exactly these names, shapes and dtypes."""
@@ -136,9 +168,10 @@ class ArrayLayout:
         return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
     def unflatten(self, x: NDArray[Any], carried: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
-        """The user's named arrays from x (dtypes restored) and the carried (non-float) entries of ``carried``.
+        """The user's named arrays from x (dtypes restored) and the entries beside x from ``carried``.
 
-        ``carried`` is any mapping holding at least the non-float entries (e.g. the initial arrays).
+        ``carried`` is any mapping holding at least the entries beside x (e.g. the initial arrays); their values are
+        cast to the layout's dtypes.
         """
         vec = np.asarray(x)
         if vec.shape != (self.dim,):
@@ -165,6 +198,6 @@ class ArrayLayout:
 
     def describe(self) -> str:
         """``d`` and the entries, for logs and error messages."""
-        carried = [e.name for e in self.entries if not e.in_vector]
+        carried = self.beside_names
         return (f"{len(self.entries)} arrays, d = {self.dim} floating-point parameters"
-                + (f", carried unchanged: {carried}" if carried else ""))
+                + (f", beside x: {carried}" if carried else ""))

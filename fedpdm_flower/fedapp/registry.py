@@ -67,6 +67,9 @@ class AlgorithmSpec:
     def make_strategy(self, cfg: RunConfig, *, evaluate: bool = True) -> FederatedStrategy:
         """The run's strategy, holding its initial model and (with ``evaluate``) the central evaluation."""
         strategy = _load(self.strategy)(cfg)
+        # the reproduction evaluates the global model centrally, as the papers do (results.json's test_accuracy):
+        # no client-side evaluation exchange, so its bytes and wall time stay the algorithm's alone
+        strategy.fraction_evaluate, strategy.min_evaluate_nodes = 0.0, 0
         strategy.initialize(_load(self.initial)(cfg))
         strategy.prepare(cfg.num_server_rounds, evaluate_fn=_load(self.evaluate)(cfg) if evaluate else None)
         return strategy  # type: ignore[no-any-return]

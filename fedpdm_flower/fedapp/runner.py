@@ -241,7 +241,7 @@ class SimulatedCrash(RuntimeError):
 
 def setup_checkpoints(cfg: RunConfig, strategy: Any, out: Path) -> None:
     """Before round 1: load the checkpoint when the run config asks to ``resume``, and (``checkpoint``, default on)
-    make the strategy write one into ``out/checkpoint`` after every round (README "Checkpoints and resume").
+    make the strategy write one into ``out/checkpoint`` after every round (docs/deployment.md "Checkpoints and resume").
 
     A fresh run keeps the run token :func:`build_strategy` drew (clients that persist their state key it by the
     token, so a new run never starts from an old run's client state) and removes a checkpoint left in out-dir by an

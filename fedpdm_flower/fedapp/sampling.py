@@ -9,6 +9,8 @@ STREAM_SAMPLER = 1
 STREAM_INIT = 2
 STREAM_CLIENT = 3
 STREAM_DOWNLINK = 4
+#: the server's draw of the nodes that evaluate the global model in a round (client-side evaluation)
+STREAM_EVALUATE = 5
 
 
 def rng_for(seed: int, *path: int) -> np.random.Generator:

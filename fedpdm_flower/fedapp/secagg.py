@@ -37,7 +37,9 @@ Cryptography (nothing home-made):
 
 Encoding: clip to ``[-c, c]`` (``c = 8``), stochastic rounding of ``(x + c)(Q - 1)/(2c)`` with ``Q = 2^22``
 levels, modulus ``M = 2^32``; ``s * Q < M`` is required so a buffer sum never wraps. The decoded mean is within
-``2c/(Q - 1)`` (about 3.8e-6) of the mean of the clipped inputs, and unbiased.
+``2c/(Q - 1)`` (about 3.8e-6) of the mean of the clipped inputs, and unbiased. Clipping is never silent: with
+:data:`S_COUNT` each member appends the number of its coordinates beyond ``c`` (:func:`encode_counted`), and the
+server reports the buffer totals each round.
 
 Caller obligations: a member masks at most one vector per (key pair, label) -- a fresh key pair per round and one
 masked upload per round guarantee it (two uploads under the same masks would reveal the difference of the two
@@ -74,23 +76,30 @@ __all__ = [
     "check_public_key",
     "check_threshold",
     "combine_secret",
+    "decode_exact",
     "decrypt_share",
     "default_threshold",
     "dequantize",
     "derive",
+    "encode_counted",
+    "encode_exact",
     "encrypt_share",
     "expand_mask",
     "mask_input",
+    "metric_tail",
     "new_keypair",
     "pair_seed",
     "pairwise_key",
     "quantize",
+    "read_tail",
     "rebuild_sum",
     "reveal",
     "round_label",
     "self_mask",
     "signing_statement",
+    "split_counted",
     "split_secret",
+    "tail_size",
     "threshold_masked_upload",
     "unmask_sum",
 ]
@@ -111,8 +120,18 @@ S_PHASE, S_RUN, S_ROUND, S_BUFFER, S_MEMBERS, S_THRESHOLD, S_CLIP, S_LEVELS, S_S
     "secure.phase", "secure.run", "secure.round", "secure.buffer", "secure.members", "secure.threshold",
     "secure.clip", "secure.levels", "secure.survivors", "secure.dropped",
 )
+#: config key of a mask request: true when each member appends to its quantized vector the number of its
+#: coordinates the fixed-point code clipped (:func:`encode_counted`), so the buffer sum reports them
+S_COUNT = "secure.count-clipped"
 #: the names of the protocol's ArrayRecord and (in key replies) ConfigRecord
 S_RECORD, S_INFO = "secure", "secure-info"
+#: config keys of a mask request that asks the device to carry its train metrics in the masked vector (SecureBuffers,
+#: DistributedDP): the weighting key ("num-examples") and, for a weighted model mean, the largest weight W (the
+#: device scales its update by its weight / W, as Flower's SecAgg+ does)
+S_WEIGHT_KEY, S_MAX_WEIGHT = "secure.weight-key", "secure.max-weight"
+#: the ConfigRecord of a masked upload naming the metrics carried in its tail: {"metrics": JSON [[name, length], ...]}
+#: (length -1: a scalar); the tail is encode_exact([weight, weight * metrics..., clipped coordinates])
+S_TAIL = "secure-tail"
 
 # --- key agreement (Flower's primitives) -------------------------------------------------------------------------
 
@@ -288,6 +307,34 @@ def quantize(
     return rounded.astype(np.uint32)
 
 
+def encode_counted(
+    x: ArrayLike, members: int, rng: np.random.Generator, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS
+) -> NDArray[np.uint32]:
+    """:func:`quantize` of ``x`` with one more entry: how many coordinates had ``|x_j| > clip`` and were clipped.
+
+    The count travels on the ring like any entry, so a buffer's unmasked sum holds the buffer's total in its last
+    entry (:func:`split_counted`): the server learns how many coordinates of the buffer did not fit, never whose.
+    ``members`` is the buffer size (a sum of ``members`` quantized entries and counts must not wrap).
+    """
+    values = np.asarray(x, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"x must be 1-D, got shape {values.shape}")
+    _check_capacity(members, levels)
+    if members * (values.size + 1) >= MODULUS:
+        raise ValueError(f"a buffer of {members} cannot count clipped entries of {values.size} coordinates mod 2^32")
+    q = quantize(values, rng, clip, levels)  # NaN raises here
+    clipped = int(np.count_nonzero(np.abs(values) > clip))
+    return np.append(q, np.uint32(clipped)).astype(np.uint32)
+
+
+def split_counted(total: ArrayLike) -> tuple[NDArray[np.uint32], int]:
+    """(the quantized sum, the number of clipped coordinates) of a buffer sum of :func:`encode_counted` vectors."""
+    t = np.asarray(total, dtype=np.uint32)
+    if t.ndim != 1 or t.size < 1:
+        raise ValueError("a counted sum has at least its count entry")
+    return t[:-1], int(t[-1])
+
+
 def dequantize(
     q: ArrayLike, count: int = 1, clip: float = DEFAULT_CLIP, levels: int = DEFAULT_LEVELS
 ) -> NDArray[np.float64]:
@@ -299,6 +346,101 @@ def dequantize(
         raise ValueError(f"count must be >= 1, got {count}")
     total = np.asarray(q, dtype=np.float64) * (2 * clip / (levels - 1)) - count * clip
     return total / count
+
+
+# --- exact sums beside a masked vector -----------------------------------------------------------------------------
+#: fraction bits of the fixed-point code of :func:`encode_exact` (resolution 2^-24, about 6e-8)
+EXACT_FRACTION_BITS = 24
+#: bits per limb: a limb position of up to 2^16 summed vectors stays below 2^32, so the ring never wraps it
+EXACT_LIMB_BITS = 16
+#: limbs per value: the 64-bit two's-complement code in four 16-bit pieces
+EXACT_LIMBS = 4
+#: the largest magnitude :func:`encode_exact` takes: 2^(63 - 24), about 5.5e11
+EXACT_MAX = 2.0 ** (63 - EXACT_FRACTION_BITS)
+
+
+def encode_exact(values: ArrayLike) -> NDArray[np.uint32]:
+    """Values on the ring so that a masked sum of them decodes exactly (:func:`decode_exact`), whatever their size.
+
+    Each value becomes ``round(v 2^24)`` as a 64-bit two's-complement integer, split into four 16-bit limbs (low
+    first), each limb one ring element. Adding such vectors adds the limbs position by position without carries:
+    with at most 2^16 addends no limb sum reaches 2^32, and :func:`decode_exact` recombines them into the exact
+    fixed-point sum. Used for what must add up exactly beside a quantized vector: a client's weight and its weighted
+    metrics (:class:`fedpdm_flower.strategies.wrappers.SecureBuffers`), its count of clipped coordinates.
+
+    The sums must stay below :data:`EXACT_MAX` in magnitude as well (a weight times a metric below 5.5e11, summed
+    over a buffer). Raises ValueError for a non-finite value or one beyond :data:`EXACT_MAX`.
+    """
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(v)):
+        raise ValueError("encode_exact needs finite values")
+    if np.any(np.abs(v) >= EXACT_MAX):
+        raise ValueError(f"encode_exact takes values below {EXACT_MAX:.3g} in magnitude, got {np.max(np.abs(v)):.3g}")
+    code = np.round(v * 2.0**EXACT_FRACTION_BITS).astype(np.int64).view(np.uint64)
+    mask = np.uint64((1 << EXACT_LIMB_BITS) - 1)
+    limbs = [(code >> np.uint64(EXACT_LIMB_BITS * j)) & mask for j in range(EXACT_LIMBS)]
+    return np.stack(limbs, axis=1).reshape(-1).astype(np.uint32)
+
+
+def decode_exact(total: ArrayLike, count: int) -> NDArray[np.float64]:
+    """The exact sum of ``count`` vectors of :func:`encode_exact` from the ring sum of their codes (``total``,
+    mod 2^32, 4 limbs per value). Raises ValueError for more than 2^16 addends (their limbs could wrap)."""
+    if not 1 <= count <= 1 << EXACT_LIMB_BITS:
+        raise ValueError(f"decode_exact sums 1..{1 << EXACT_LIMB_BITS} vectors, got {count}")
+    t = np.asarray(total, dtype=np.uint32).reshape(-1)
+    if t.size % EXACT_LIMBS:
+        raise ValueError(f"an exact code has {EXACT_LIMBS} limbs per value, got {t.size} limbs")
+    out = []
+    for limbs in t.reshape(-1, EXACT_LIMBS):
+        whole = sum(int(limb) << (EXACT_LIMB_BITS * j) for j, limb in enumerate(limbs)) % (1 << 64)
+        signed = whole - (1 << 64) if whole >= 1 << 63 else whole
+        out.append(signed / 2.0**EXACT_FRACTION_BITS)
+    return np.asarray(out, dtype=np.float64)
+
+
+def metric_tail(metrics: Mapping[str, Any], weight_key: str) -> tuple[list[tuple[str, int]], NDArray[np.float64]]:
+    """A device's train metrics as what its masked upload carries: ``(declaration, values)``.
+
+    ``declaration`` names the metrics other than the weight, sorted, with their list lengths (-1: a scalar);
+    ``values`` is ``[w, w m_1, w m_2, ...]`` (lists flattened in order), w = ``metrics[weight_key]``: the buffer's sum
+    of them gives the buffer's weight and the numerators of Flower's weighted mean (``aggregate_metricrecords``).
+    Raises ValueError for a missing or non-positive weight or a value that is not a finite number (or list of them).
+    """
+    w = metrics.get(weight_key)
+    if isinstance(w, bool) or not isinstance(w, int | float) or not np.isfinite(w) or w <= 0:
+        raise ValueError(f"the train metrics must carry the weight {weight_key!r} as a finite number > 0, got {w!r}")
+    declaration: list[tuple[str, int]] = []
+    values: list[float] = [float(w)]
+    for name in sorted(k for k in metrics if k != weight_key):
+        v = metrics[name]
+        items = v if isinstance(v, list) else [v]
+        if any(isinstance(x, bool) or not isinstance(x, int | float) or not np.isfinite(x) for x in items):
+            raise ValueError(f"train metric {name!r} = {v!r} is not a finite number or a list of them")
+        declaration.append((str(name), len(items) if isinstance(v, list) else -1))
+        values.extend(float(w) * float(x) for x in items)
+    return declaration, np.asarray(values, dtype=np.float64)
+
+
+def tail_size(declaration: Sequence[tuple[str, int]]) -> int:
+    """Ring elements of the tail of a declaration: the weight, the weighted metrics and the clipped-coordinate count,
+    :data:`EXACT_LIMBS` limbs each."""
+    return EXACT_LIMBS * (2 + sum(max(1, int(length)) for _, length in declaration))
+
+
+def read_tail(sums: NDArray[np.float64], declaration: Sequence[tuple[str, int]]
+              ) -> tuple[float, dict[str, float | list[float]], float]:
+    """``(total weight, {name: weighted mean}, clipped coordinates)`` from the decoded sum of a buffer's tails."""
+    total = float(sums[0])
+    if not total > 0:
+        raise ValueError(f"the buffer's total weight is {total:g}")
+    means: dict[str, float | list[float]] = {}
+    pos = 1
+    for name, length in declaration:
+        n = max(1, int(length))
+        chunk = [float(v) / total for v in sums[pos:pos + n]]
+        means[name] = chunk if length >= 0 else chunk[0]
+        pos += n
+    return total, means, float(sums[pos])
 
 
 # --- buffers -----------------------------------------------------------------------------------------------------

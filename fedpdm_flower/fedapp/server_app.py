@@ -8,7 +8,7 @@ is cut to the raise in this module unless FEDAPP_DEBUG=1 asks for the whole chai
 
 After every round the run's server state goes to ``<out-dir>/checkpoint`` (run config ``checkpoint``, default on);
 ``resume=true`` with the same run config and out-dir continues a run that stopped from the round after its last
-checkpoint (:func:`fedpdm_flower.fedapp.runner.setup_checkpoints`, README "Checkpoints and resume").
+checkpoint (:func:`fedpdm_flower.fedapp.runner.setup_checkpoints`, docs/deployment.md "Checkpoints and resume").
 """
 
 from __future__ import annotations

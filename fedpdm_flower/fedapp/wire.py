@@ -11,9 +11,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_to_proto
 from numpy.typing import NDArray
+
+#: the record of a model's buffers beside the algorithm's vector (BatchNorm statistics, integer counters), by
+#: state-dict name: in a train message the server's, in the reply the client's after training
+BUFFERS_KEY = "buffers"
+
+
+def named_record(arrays: Mapping[str, NDArray[Any]]) -> ArrayRecord:
+    """An ArrayRecord holding ``arrays`` under their names, in order (0-d arrays stay 0-d)."""
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
 
 
 def recorddict_nbytes(content: RecordDict) -> int:

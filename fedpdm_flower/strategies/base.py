@@ -6,7 +6,13 @@ every algorithm needs the same way:
 * **the model**: :meth:`FederatedStrategy.initialize` takes the user's ``ArrayRecord`` (any torch state dict or
   list of numpy arrays) and keeps one float64 vector x of its floating-point entries
   (:class:`fedpdm_flower.fedapp.layout.ArrayLayout`); :meth:`current_arrays` gives the user's layout back (names, shapes and
-  dtypes as given; integer entries carried unchanged). No model name or dimension is needed up front;
+  dtypes as given). No model name or dimension is needed up front;
+* **buffers**: the entries beside x -- integer entries such as BatchNorm's ``num_batches_tracked`` and, with
+  ``BUFFERS = "beside"`` (every algorithm but FedREP), the normalisation layers' running statistics
+  (:func:`fedpdm_flower.fedapp.layout.norm_buffer_names`) -- never enter the algorithm's vector (no prox, dual, control
+  variate, sparsifier or noise moves them). Each train message carries them in a ``"buffers"`` record, the clients
+  reply with theirs after training, and the server takes their mean weighted by ``num-examples``, as Flower's
+  FedAvg does, casting integer entries back to integers (rounded to the nearest; :meth:`aggregate_buffers`);
 * **the federation**: waiting for ``min_available_nodes``, learning which node is which client (a
   ``query.whoami`` that our client apps answer with the node's ``partition-id``; nodes that cannot answer get ids
   by the order of their node ids), seeded sampling of ``fraction_train`` of them per round, and giving a client
@@ -45,20 +51,23 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from numpy.typing import NDArray
 
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
-from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
+from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch, norm_buffer_names
 from fedpdm_flower.fedapp.results import RoundRecord
-from fedpdm_flower.fedapp.sampling import rng_for, select_clients
-from fedpdm_flower.fedapp.wire import recorddict_nbytes, train_content
+from fedpdm_flower.fedapp.sampling import STREAM_EVALUATE, rng_for, select_clients
+from fedpdm_flower.fedapp.wire import BUFFERS_KEY, named_record, recorddict_nbytes, train_content
 
 Scalar = int | float | str | bool
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+#: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: (reply contents, weighting key) -> aggregate
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 WHOAMI = "query.whoami"
 #: config keys every train message carries (a user's train_config may not use them)
 LAYOUT_KEY, DIM_KEY, ROUND_KEY = "layout-crc", "dim", "server-round"
@@ -73,12 +82,17 @@ __all__ = [
     "WHOAMI",
     "FederatedStrategy",
     "FederationError",
+    "MetricsAggrFn",
     "RoundBookkeeping",
     "RoundFailed",
+    "aggregate_metric_replies",
     "arrays_of",
     "client_error_text",
+    "consistent_metric_replies",
+    "metrics_problem",
     "quote_errors",
     "record_of",
+    "wait_for_nodes",
 ]
 
 
@@ -171,8 +185,8 @@ def arrays_of(record: ArrayRecord) -> dict[str, NDArray[Any]]:
 
 
 def record_of(arrays: Mapping[str, NDArray[Any]]) -> ArrayRecord:
-    """An ArrayRecord holding ``arrays`` under their names, in order."""
-    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})  # keeps 0-d arrays 0-d
+    """An ArrayRecord holding ``arrays`` under their names, in order (0-d arrays stay 0-d)."""
+    return named_record(arrays)
 
 
 def _metric_ok(value: Any) -> bool:
@@ -186,6 +200,107 @@ def _metric_ok(value: Any) -> bool:
     if isinstance(value, list):
         return all(_metric_ok(v) for v in value)
     return False
+
+
+def metrics_problem(content: RecordDict, weight_key: str) -> str | None:
+    """Why a reply's metrics cannot enter Flower's weighted aggregation (None: they can).
+
+    Flower's ``FedAvg`` checks the same (``validate_message_reply_consistency``) and raises
+    ``InconsistentMessageReplies`` for the whole round; here the one reply is dropped instead. A reply must carry
+    exactly one MetricRecord, its weight ``weight_key`` a finite number > 0 (one reply claiming 0 or NaN would
+    make the weighted mean undefined), and every value a finite number or a list of them.
+    """
+    if len(content.metric_records) != 1:
+        return f"a reply needs exactly one MetricRecord, got {len(content.metric_records)}"
+    m = next(iter(content.metric_records.values()))
+    w = m.get(weight_key)
+    if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
+        return f"metric {weight_key!r} (the weight) must be a finite number > 0, got {w!r}"
+    bad = sorted(k for k, v in m.items() if not _metric_ok(v))
+    if bad:
+        return f"non-finite or non-numeric metric(s) {bad}"
+    return None
+
+
+def _metric_signature(content: RecordDict) -> tuple[tuple[str, int], ...]:
+    """The keys of a reply's MetricRecord with their list lengths (-1: a scalar): what must agree to aggregate."""
+    m = next(iter(content.metric_records.values()))
+    return tuple(sorted((k, len(v) if isinstance(v, list) else -1) for k, v in m.items()))
+
+
+def consistent_metric_replies(items: Sequence[tuple[int, RecordDict]], weight_key: str
+                              ) -> tuple[list[tuple[int, RecordDict]], list[tuple[int, str]]]:
+    """Split replies into those Flower's aggregation can combine and (node, why) for the others.
+
+    Each reply must pass :func:`metrics_problem`; then all must have the same metric keys (and list lengths). The
+    round's keys are the most common key set among the well-formed replies (a tie goes to the smallest node id's),
+    so one node that adds, drops or renames a metric is dropped alone -- Flower's ``FedAvg`` raises
+    ``InconsistentMessageReplies`` and fails the run.
+    """
+    well: list[tuple[int, RecordDict]] = []
+    bad: list[tuple[int, str]] = []
+    for node, content in items:
+        why = metrics_problem(content, weight_key)
+        if why is None:
+            well.append((node, content))
+        else:
+            bad.append((node, why))
+    if not well:
+        return [], bad
+    sigs = {node: _metric_signature(content) for node, content in well}
+    counts = Counter(sigs.values())
+    top = max(counts.values())
+    majority = next(sigs[node] for node, _ in sorted(well, key=lambda nc: nc[0]) if counts[sigs[node]] == top)
+    keep = [(node, content) for node, content in well if sigs[node] == majority]
+    for node, _ in well:
+        if sigs[node] != majority:
+            mine, theirs = {k for k, _ in sigs[node]}, {k for k, _ in majority}
+            bad.append((node, f"metric keys differ from the round's: extra {sorted(mine - theirs)}, missing "
+                              f"{sorted(theirs - mine)} (or list lengths differ)"))
+    return keep, bad
+
+
+def aggregate_metric_replies(contents: Sequence[RecordDict], weight_key: str,
+                             aggr_fn: MetricsAggrFn | None = None) -> MetricRecord | None:
+    """Flower's aggregation of the replies' MetricRecords (``aggr_fn``, default Flower's own
+    ``aggregate_metricrecords``: the mean weighted by ``weight_key``, which it leaves out); None without replies.
+    The replies must have passed :func:`consistent_metric_replies`."""
+    if not contents:
+        return None
+    return (aggr_fn or aggregate_metricrecords)(list(contents), weight_key)
+
+
+def wait_for_nodes(grid: Grid, need: int, *, limit_s: float | None) -> list[int]:
+    """The connected node ids once at least ``need`` are connected: Flower's wait (``sample_nodes``, the same log
+    line every second), bounded by ``limit_s`` seconds when it is not None (:class:`FederationError` after it).
+
+    A simulation's federation is fixed when it starts (its SuperNodes are registered before the ServerApp runs),
+    so there waiting cannot help: it gives up after 5 s with a hint, where Flower would wait forever.
+    """
+    fixed = type(grid).__name__ == "InMemoryGrid" or bool(getattr(grid, "fixed_federation", False))
+    limit = 5.0 if fixed else limit_s
+    t0 = time.time()
+    while len(ids := list(grid.get_node_ids())) < need:
+        if limit is not None and time.time() - t0 > limit:
+            hint = (f'pass --federation-config "num-supernodes={need}" to flwr run' if fixed else
+                    f"start {need} SuperNodes (each with --node-config \"partition-id=<i> num-partitions=<N>\"), or "
+                    "leave node_wait_s unset to wait as Flower does")
+            raise FederationError(f"min_available_nodes = {need} but only {len(ids)} node(s) are connected: {hint}")
+        log(INFO, "Waiting for nodes to connect: %d connected (minimum required: %d).", len(ids), need)
+        time.sleep(1.0)
+    return ids
+
+
+def diagnostics_record(rec: RoundRecord) -> MetricRecord:
+    """A round's record as a MetricRecord (its numbers only; booleans as 0 / 1): :attr:`RoundBookkeeping.diagnostics`."""
+    flat = {k: v for k, v in rec.to_json().items() if k != "round"}
+    out = MetricRecord()
+    for key, value in flat.items():
+        if isinstance(value, bool | np.bool_ | int | np.integer):  # booleans as 0 / 1
+            out[key] = int(value)
+        elif isinstance(value, float | np.floating):
+            out[key] = float(value)
+    return out
 
 
 class RoundBookkeeping:
@@ -214,6 +329,12 @@ class RoundBookkeeping:
         self.num_rounds = 0
         self.evaluate_fn: EvaluateFn | None = None
         self.history: list[RoundRecord] = []
+        #: round -> the strategy's own per-round figures (bytes, clients, rejections, privacy, the algorithm's
+        #: diagnostics) as a MetricRecord: the ``history`` in Flower's Result shape, apart from the Result (which
+        #: holds what Flower's FedAvg puts there) so that no key of ours can clash with a user's
+        self.diagnostics: dict[int, MetricRecord] = {}
+        #: round -> what the user's ``evaluate_fn`` returned, as returned (``Result.evaluate_metrics_serverapp``)
+        self.evaluate_fn_results: dict[int, MetricRecord] = {}
         self.client_privacy: dict[int, dict[str, float]] = {}
         self.rejected_total = 0
         self._acc: dict[str, Any] = {}
@@ -402,7 +523,7 @@ class RoundBookkeeping:
         rec = RoundRecord(round=server_round)
         last = self.num_rounds and server_round == self.num_rounds
         if self.evaluate_fn is not None and (server_round % self.eval_every == 0 or last):
-            res = self.evaluate_fn(server_round, self.current_arrays())
+            res = self.call_evaluate_fn(server_round)
             for key, value in (dict(res) if res is not None else {}).items():
                 if key in ("accuracy", "test_accuracy") and isinstance(value, int | float):
                     rec.test_accuracy = float(value)
@@ -427,9 +548,21 @@ class RoundBookkeeping:
     def complete_round(self, server_round: int) -> RoundRecord:
         """:meth:`evaluate_round`, then ``after_round`` (the checkpoint): what every driver calls to end a round."""
         rec = self.evaluate_round(server_round)
+        rec.extra.update({k: v for k, v in self._acc.get("evaluate", {}).items() if k not in rec.extra})
+        self.diagnostics[server_round] = diagnostics_record(rec)
         if self.after_round is not None:
             self.after_round(server_round)
         return rec
+
+    def call_evaluate_fn(self, server_round: int, arrays: ArrayRecord | None = None) -> MetricRecord | None:
+        """The user's ``evaluate_fn`` on ``arrays`` (default: the global model); its MetricRecord is kept as returned
+        for ``Result.evaluate_metrics_serverapp`` (:attr:`evaluate_fn_results`)."""
+        if self.evaluate_fn is None:
+            return None
+        res = self.evaluate_fn(server_round, self.current_arrays() if arrays is None else arrays)
+        if res is not None:
+            self.evaluate_fn_results[server_round] = res
+        return res
 
     # ------------------------------------------------------------------ checkpoints (fedpdm_flower/fedapp/checkpoint.py)
     def bookkeeping_state(self) -> dict[str, Any]:
@@ -447,6 +580,7 @@ class RoundBookkeeping:
     def load_bookkeeping_state(self, state: Mapping[str, Any]) -> None:
         """The inverse of :meth:`bookkeeping_state` (accountants rebuilt with the factory of :meth:`set_accountant`)."""
         self.history = [RoundRecord(**r) for r in state["history"]]
+        self.diagnostics = {r.round: diagnostics_record(r) for r in self.history}
         self.client_privacy = {int(k): dict(v) for k, v in state["client_privacy"].items()}
         self.rejected_total = int(state["rejected_total"])
         self._unanswered_rounds = int(state["unanswered_rounds"])
@@ -468,12 +602,13 @@ class RoundBookkeeping:
                 self._releases[cid] = [(float(z), int(s), int(p)) for z, s, p in events]
 
     def _evaluate_hook(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """What ``Strategy.start`` calls after each round: the user's evaluate_fn, recorded in the history."""
+        """What ``Strategy.start`` calls as ``evaluate_fn`` after each round: the round is completed (the user's
+        evaluate_fn runs inside, its figures go to the history) and the user's MetricRecord is returned as the user's
+        ``evaluate_fn`` returned it, so that ``Result.evaluate_metrics_serverapp`` holds exactly that (Flower's)."""
         if server_round == 0:
-            return self.evaluate_fn(0, arrays) if self.evaluate_fn is not None else None
-        rec = self.complete_round(server_round)
-        out = {"test_accuracy": rec.test_accuracy, "test_loss": rec.test_loss}
-        return MetricRecord({k: float(v) for k, v in out.items() if v is not None}) or None
+            return self.call_evaluate_fn(0, arrays)
+        self.complete_round(server_round)
+        return self.evaluate_fn_results.get(server_round)
 
 
 
@@ -488,8 +623,10 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
     min_train_nodes
         Smallest number of clients sampled per round (default 2).
     min_available_nodes
-        Clients that must be connected before round 1 (default 2); the federation is the set of nodes connected
-        then (nodes joining later are not used).
+        Nodes that must be connected before a round is sent (default 2); like Flower's ``FedAvg`` the strategy
+        waits for them (``node_wait_s`` bounds the wait). The federation is the set of nodes connected at round 1;
+        nodes joining later are taken into it when the algorithm allows (:attr:`admits_new_nodes`), else logged
+        and left out.
     first_round_all
         Sample every client in round 1 (FedPDM's S_0 = [N], Alg. 1 line 2; default False).
     seed
@@ -500,7 +637,9 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         algorithms index agents by it; the reproduction app maps partitions to clients). Default False: a node
         without one is numbered by the order of the node ids.
     node_wait_s
-        Seconds to wait for nodes and for each exchange (default 120).
+        Longest wait, in seconds, for ``min_available_nodes`` to connect (default None: as long as it takes, as
+        Flower does; in a simulation, whose federation cannot grow, 5 s). Every message exchange is bounded by the
+        ``timeout`` of :meth:`start` (Flower's), the pre- and post-train exchanges and the node queries included.
     eval_every
         Run ``evaluate_fn`` every this many rounds, and always in the last (default 1).
     max_update_norm, update_norm_factor
@@ -509,7 +648,31 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         (default 10, with at least 3 replies; None: off) is rejected before it touches the model.
     arrayrecord_key, configrecord_key
         Names of the records in the messages (Flower's defaults "arrays" and "config").
+    fraction_evaluate, min_evaluate_nodes
+        Client-side evaluation as in Flower's ``FedAvg``: each round ``max(int(N * fraction_evaluate),
+        min_evaluate_nodes)`` of the connected clients get an ``evaluate`` message (the global model in the user's
+        layout, ``evaluate_config`` + "server-round"); 0 turns it off. Defaults 1.0 and 2, Flower's.
+    weighted_by_key
+        The metric key weighting the clients' metrics (default "num-examples", Flower's).
+    train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        Flower's ``(list[RecordDict], weighted_by_key) -> MetricRecord`` aggregating the clients' train / evaluate
+        metrics into ``Result.train_metrics_clientapp`` / ``evaluate_metrics_clientapp``; default Flower's
+        ``aggregate_metricrecords`` (the weighted mean). Only the accepted replies are aggregated, and only those
+        whose metrics have the round's keys (:func:`consistent_metric_replies`).
+
+    Notes
+    -----
+    ``start`` returns Flower's ``Result`` filled as Flower's ``FedAvg`` fills it: ``arrays`` the global model in the
+    user's layout, ``train_metrics_clientapp`` the aggregate of the clients' train metrics,
+    ``evaluate_metrics_clientapp`` the aggregate of the evaluate replies, ``evaluate_metrics_serverapp`` the user's
+    ``evaluate_fn`` records as returned. The strategy's own figures per round are in :attr:`diagnostics` (and the
+    richer :attr:`history`), never in the Result (docs/flower-parity.md).
     """
+
+    #: Whether nodes that connect after round 1 join the federation (sampled like the others from the round
+    #: after they connect); False for algorithms whose server state or math is sized by the round-1 federation
+    #: (graphs, all-agent consensus, buffers), which log such nodes and leave them out.
+    admits_new_nodes: bool = False
 
     def __init__(
         self,
@@ -520,20 +683,38 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         first_round_all: bool = False,
         seed: int | None = None,
         require_partition_ids: bool = False,
-        node_wait_s: float = 120.0,
+        node_wait_s: float | None = None,
         eval_every: int = 1,
         max_update_norm: float | None = None,
         update_norm_factor: float | None = 10.0,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
+        fraction_evaluate: float = 1.0,
+        min_evaluate_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        train_metrics_aggr_fn: MetricsAggrFn | None = None,
+        evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
     ) -> None:
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train must lie in (0, 1], got {fraction_train!r}")
         for name, v in (("min_train_nodes", min_train_nodes), ("min_available_nodes", min_available_nodes)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if not node_wait_s > 0:
-            raise ValueError(f"node_wait_s must be > 0, got {node_wait_s!r}")
+        if node_wait_s is not None and (isinstance(node_wait_s, bool) or not isinstance(node_wait_s, int | float)
+                                        or not node_wait_s > 0):
+            raise ValueError(f"node_wait_s must be a number > 0 or None, got {node_wait_s!r}")
+        if isinstance(fraction_evaluate, bool) or not isinstance(fraction_evaluate, int | float) or not (
+                0.0 <= fraction_evaluate <= 1.0):
+            raise ValueError(f"fraction_evaluate must lie in [0, 1], got {fraction_evaluate!r}")
+        if isinstance(min_evaluate_nodes, bool) or not isinstance(min_evaluate_nodes, int) or min_evaluate_nodes < 0:
+            raise ValueError(f"min_evaluate_nodes must be an integer >= 0, got {min_evaluate_nodes!r}")
+        if not isinstance(weighted_by_key, str) or not weighted_by_key:
+            raise ValueError(f"weighted_by_key must be a non-empty string, got {weighted_by_key!r}")
+        for fn_name, fn in (("train_metrics_aggr_fn", train_metrics_aggr_fn),
+                            ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{fn_name} must be a callable (list[RecordDict], str) -> MetricRecord or None, got "
+                                f"{type(fn).__name__}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an integer >= 0 or None, got {seed!r}")
         self.fraction_train = float(fraction_train)
@@ -543,7 +724,17 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self.seed = int(seed) if seed is not None else secrets.randbits(32)
         self.seed_was_given = seed is not None
         self.require_partition_ids = bool(require_partition_ids)
-        self.node_wait_s = float(node_wait_s)
+        self.node_wait_s = None if node_wait_s is None else float(node_wait_s)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_evaluate_nodes = 0 if self.fraction_evaluate == 0.0 else min_evaluate_nodes
+        if self.fraction_evaluate == 0.0:
+            log(INFO, "%s: fraction_evaluate = 0: no client-side evaluation", type(self).__name__)
+        self.weighted_by_key = weighted_by_key
+        self.train_metrics_aggr_fn = train_metrics_aggr_fn
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
+        #: seconds every message exchange may take (``start``'s ``timeout``, Flower's default until start sets it)
+        self.timeout = 3600.0
+        self.evaluate_config: dict[str, Any] = {}
         for norm_name, norm_value in (("max_update_norm", max_update_norm), ("update_norm_factor", update_norm_factor)):
             if norm_value is not None and (isinstance(norm_value, bool) or not isinstance(norm_value, int | float)
                                            or not 0 < norm_value < math.inf):
@@ -564,6 +755,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self.user_config: dict[str, Any] = {}
         self._grid: Grid | None = None
         self._train_msgs: list[Message] = []  # the round's train messages (their ids name the node of a reply)
+        self._eval_msgs: list[Message] = []  # the round's evaluate messages
         self._asked: set[int] = set()  # unknown nodes already asked who they are (readmit)
         self.init_bookkeeping(eval_every=eval_every)
         #: label of this run sent in every train message when set, kept by a resumed run (clients key their
@@ -580,6 +772,11 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
     #: not such data. Values recomputed each round from these, from ``seed`` or from the round number (the sampled
     #: clients, step sizes, a cached encoding of this round's downlink) need not be listed.
     CHECKPOINT_ATTRS: tuple[str, ...] = ()
+    #: where the model's floating-point buffers (BatchNorm statistics) live: "beside" the algorithm's vector,
+    #: aggregated as FedAvg does (every algorithm but FedREP), or "in-vector" (FedREP's w, spec 11.2)
+    BUFFERS: str = "beside"
+    #: whether train messages carry the server's buffers (a decentralized algorithm's nodes own theirs)
+    SEND_BUFFERS: bool = True
     #: Why this strategy cannot resume from a checkpoint (None: it can). Set by a family whose server state is not
     #: (yet) in CHECKPOINT_ATTRS or depends on secrets that are never written down.
     resume_unsupported: str | None = None
@@ -597,6 +794,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             "seed": self.seed,
             "dim": self.dim,
             "x": self.x,
+            "buffers": dict(self._carried),
             "run_token": self.run_token,
             "bookkeeping": self.bookkeeping_state(),
             "algorithm": {name: getattr(self, name) for name in self.CHECKPOINT_ATTRS},
@@ -619,6 +817,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if missing:
             raise ValueError(f"the checkpoint lacks {type(self).__name__}'s state {missing}")
         self.x = x
+        if "buffers" in state:  # the entries beside x as the last round left them
+            self._carried = self.checked_buffers({str(k): np.asarray(v) for k, v in state["buffers"].items()})
         self.load_bookkeeping_state(state["bookkeeping"])
         self.run_token = state["run_token"]
         self.resume_round = int(state["round"])
@@ -638,7 +838,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if not isinstance(initial_arrays, ArrayRecord):
             raise TypeError(f"initial_arrays must be a flwr ArrayRecord, got {type(initial_arrays).__name__}")
         arrays = arrays_of(initial_arrays)
-        self.layout = ArrayLayout.of(arrays)
+        self.layout = ArrayLayout.of(arrays, beside=norm_buffer_names(arrays) if self.BUFFERS == "beside" else ())
         self._carried = {e.name: arrays[e.name] for e in self.layout.entries if not e.in_vector}
         x = self.layout.flatten(arrays)
         if not np.all(np.isfinite(x)):
@@ -663,6 +863,68 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if self.layout is None:
             raise RuntimeError("the strategy has no model yet: call start(...) or initialize(...) first")
         return record_of(self.layout.unflatten(self.global_model(), self._carried))
+
+    # ------------------------------------------------------------------ buffers (entries beside x)
+    def sends_buffers(self) -> bool:
+        """Whether train messages carry the server's buffers: ``SEND_BUFFERS`` and a model with entries beside x,
+        buffers kept beside the algorithm's vector (``BUFFERS = "beside"``)."""
+        return self.SEND_BUFFERS and self.BUFFERS == "beside" and bool(self._carried)
+
+    def checked_buffers(self, arrays: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
+        """``arrays`` as the model's entries beside x: exactly their names, their shapes, finite numbers (a reply is
+        untrusted input; MalformedPayload names what is wrong)."""
+        assert self.layout is not None
+        want = {e.name: e for e in self.layout.entries if not e.in_vector}
+        if sorted(arrays) != sorted(want):
+            raise MalformedPayload(f"buffers record has entries {sorted(arrays)[:6]}, the model's are "
+                                   f"{sorted(want)[:6]}")
+        out = {}
+        for name, e in want.items():
+            a = np.asarray(arrays[name])
+            if tuple(a.shape) != e.shape:
+                raise MalformedPayload(f"buffer {name!r} has shape {tuple(a.shape)}, expected {e.shape}")
+            if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+                raise MalformedPayload(f"buffer {name!r} has dtype {a.dtype}: not numeric")
+            if not np.all(np.isfinite(a)):
+                raise MalformedPayload(f"buffer {name!r} holds non-finite values")
+            out[name] = a
+        return out
+
+    def decode_buffers(self, content: RecordDict) -> dict[str, NDArray[Any]] | None:
+        """A reply's buffers (the record :data:`~fedpdm_flower.fedapp.wire.BUFFERS_KEY`), checked; None when it carries
+        none (a numpy model; a decentralized node that does not share them) or the model has no entries beside x."""
+        record = content.array_records.get(BUFFERS_KEY)
+        if record is None or self.BUFFERS != "beside" or not self._carried:
+            return None
+        return self.checked_buffers(arrays_of(record))
+
+    def aggregate_buffers(self, buffers: Mapping[int, Mapping[str, NDArray[Any]]],
+                          metrics: Mapping[int, Mapping[str, Any]]) -> None:
+        """The entries beside x after the round: FedAvg's mean of the accepted replies' buffers weighted by their
+        ``num-examples`` (equal weights unless every weight is a positive number), each entry cast back to its
+        dtype -- integer entries rounded to the nearest integer, booleans by majority. Unchanged without replies
+        that carry buffers."""
+        if not buffers:
+            return
+        clients = sorted(buffers)
+        w = [metrics.get(c, {}).get("num-examples") for c in clients]
+        weights = (np.asarray(w, dtype=np.float64) if all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                          and v > 0 for v in w) else np.ones(len(clients)))
+        weights = weights / weights.sum()
+        assert self.layout is not None
+        out: dict[str, NDArray[Any]] = {}
+        for e in self.layout.entries:
+            if e.in_vector:
+                continue
+            mean = np.tensordot(weights, np.stack([np.asarray(buffers[c][e.name], dtype=np.float64)
+                                                   for c in clients]), axes=1)
+            if np.issubdtype(e.dtype, np.floating):
+                out[e.name] = mean.astype(e.dtype)
+            elif e.dtype == np.bool_:
+                out[e.name] = mean >= 0.5
+            else:
+                out[e.name] = np.rint(mean).astype(e.dtype)
+        self._carried = out
 
     # ------------------------------------------------------------------ algorithm hooks
     @abstractmethod
@@ -696,20 +958,12 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
 
     def connect(self, grid: Grid) -> None:
         """Wait for ``min_available_nodes``, then learn each node's client id (``query.whoami``)."""
-        n = self.min_available_nodes
-        simulated = type(grid).__name__ == "InMemoryGrid"
-        deadline = time.time() + (5.0 if simulated else self.node_wait_s)
-        while len(ids := sorted(grid.get_node_ids())) < n:
-            if time.time() > deadline:
-                hint = (f'pass --federation-config "num-supernodes={n}" to flwr run' if simulated else
-                        f"start {n} SuperNodes (each with --node-config \"partition-id=<i> num-partitions={n}\")")
-                raise FederationError(f"min_available_nodes = {n} but only {len(ids)} node(s) are connected: {hint}")
-            time.sleep(1.0)
+        ids = sorted(wait_for_nodes(grid, self.min_available_nodes, limit_s=self.node_wait_s))
         msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI) for nid in ids]
         reported: dict[int, tuple[int, int | None]] = {}
         failed: dict[int, str] = {}
         infos: dict[int, dict[str, Any]] = {}
-        for reply in grid.send_and_receive(msgs, timeout=self.node_wait_s):
+        for reply in grid.send_and_receive(msgs, timeout=self.timeout):
             nid = reply.metadata.src_node_id
             info = {} if reply.has_error() else dict(reply.content.config_records.get("info", ConfigRecord()))
             infos[nid] = info
@@ -730,7 +984,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
     def _number_nodes(self, ids: list[int], reported: dict[int, tuple[int, int | None]], failed: dict[int, str]) -> dict[int, int]:
         """client id -> node id from the whoami replies (partition ids if every node gave a distinct one)."""
         pids = [p for p, _ in reported.values()]
-        usable = len(reported) == len(ids) and len(set(pids)) == len(pids)
+        usable = len(reported) == len(ids) and sorted(pids) == list(range(len(ids)))  # the sampler draws from 0..N-1
         if self.require_partition_ids:
             if failed or len(reported) != len(ids):
                 nid, why = next(iter(failed.items())) if failed else (next(i for i in ids if i not in reported), "no reply")
@@ -738,7 +992,9 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                                       "node's partition-id (node config \"partition-id=<i> num-partitions=<N>\")")
             if not usable:
                 dup = [p for p, c in Counter(pids).items() if c > 1]
-                raise FederationError(f"two nodes claim partition-id {dup[0]}")
+                if dup:
+                    raise FederationError(f"two nodes claim partition-id {dup[0]}")
+                raise FederationError(f"partition ids {sorted(pids)} are not exactly 0..{len(ids) - 1}")
             for nid, (_pid, parts) in reported.items():
                 if parts is not None and parts != len(ids):
                     raise FederationError(f"node {nid} has num-partitions={parts} but {len(ids)} nodes are connected")
@@ -815,9 +1071,22 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self._acc["down"] += recorddict_nbytes(content)
 
     def message_config(self, server_round: int, config: Mapping[str, Scalar]) -> dict[str, Any]:
-        """The config of one train message: the user's train_config, then ours (ours may not be overridden)."""
+        """The config of one train message: the user's train_config and ours (:meth:`with_user_config`)."""
         token = {RUN_TOKEN_KEY: self.run_token} if self.run_token is not None else {}
-        return {**self.user_config, **self.common_config(), **config, ROUND_KEY: server_round, **token}
+        return self.with_user_config({**self.common_config(), **config, ROUND_KEY: server_round, **token})
+
+    def with_user_config(self, ours: Mapping[str, Any]) -> dict[str, Any]:
+        """The user's ``train_config`` beside the algorithm's own keys ``ours``, which reach the client unchanged.
+
+        A user key that is also one of ours raises ValueError naming it (before anything is sent): silently
+        overriding either would change the algorithm or the user's client code. "server-round" is the exception, as
+        in Flower: the strategy sets it.
+        """
+        clash = sorted((set(self.user_config) & set(ours)) - {ROUND_KEY})
+        if clash:
+            raise ValueError(f"train_config key(s) {clash} are also set by {type(self).__name__} itself in its train "
+                             "messages: rename them in your train_config")
+        return {**self.user_config, **ours}
 
     def train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
         """(node id, content) of every train message of the round; counts downlink bytes."""
@@ -830,6 +1099,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                                     arrays_key=self.arrayrecord_key, config_key=self.configrecord_key)
             for name, record in self.client_records(server_round, cid).items():
                 content[name] = record
+            if self.sends_buffers():
+                content[BUFFERS_KEY] = record_of(self._carried)
             self._acc["down"] += recorddict_nbytes(content)
             out.append((self.node_of[cid], content))
         self._acc["sent"] = len(out)
@@ -906,6 +1177,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         """
         updates: dict[int, Any] = {}
         metrics: dict[int, dict[str, Any]] = {}
+        contents: dict[int, RecordDict] = {}
+        buffers: dict[int, dict[str, NDArray[Any]]] = {}
         for node_id, content in replies:
             if isinstance(content, str):
                 self.reject(server_round, node_id, client_error_text(content))
@@ -919,16 +1192,25 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                 continue
             self._acc["up"] += recorddict_nbytes(content)
             try:
-                updates[cid], metrics[cid] = self.decode_reply(server_round, cid, content)
+                update, m = self.decode_reply(server_round, cid, content)
+                state = self.decode_buffers(content)
             except (MalformedPayload, LayoutMismatch, ValueError, KeyError, TypeError) as err:
                 self.reject(server_round, node_id, str(err))
+                continue
+            updates[cid], metrics[cid] = update, m
+            if state is not None:
+                buffers[cid] = state
+            contents[cid] = content
         self.screen_update_norms(server_round, updates)
         metrics = {cid: m for cid, m in metrics.items() if cid in updates}
+        self._acc["train_replies"] = {cid: (self.node_of.get(cid, cid), c) for cid, c in contents.items()
+                                      if cid in updates}
         missing = self._acc["sent"] - len(replies)
         if missing > 0:
             log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)
         self.check_round_accepted(server_round, len(updates), self._acc["sent"], max(missing, 0))
         diag = self.aggregate(server_round, updates, metrics) if updates else {}
+        self.aggregate_buffers({cid: b for cid, b in buffers.items() if cid in updates}, metrics)
         for cid, m in metrics.items():
             self.record_privacy(cid, m)
         self._acc["diag"] = {**diag, "clients": float(len(updates)), "rejected": float(self._acc["rejected"])}
@@ -951,13 +1233,22 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Run ``num_rounds`` rounds (Flower's ``Strategy.start``); ``Result.arrays`` is in the user's layout.
+        """Run ``num_rounds`` rounds: Flower's ``Strategy.start``, and its ``Result`` filled as ``FedAvg`` fills it.
 
-        ``evaluate_fn(server_round, arrays) -> MetricRecord | None`` is the user's central evaluation (Flower's
-        signature); its "accuracy" / "loss" (or "test_accuracy" / "test_loss") go into the round history.
+        ``Result.arrays`` is the global model in the user's layout; ``train_metrics_clientapp`` /
+        ``evaluate_metrics_clientapp`` the aggregated metrics of the clients' train / evaluate replies;
+        ``evaluate_metrics_serverapp`` what ``evaluate_fn(server_round, arrays) -> MetricRecord | None`` (Flower's
+        signature) returned, as returned (round 0 included). Its "accuracy" / "loss" (or "test_accuracy" /
+        "test_loss") also go into :attr:`history`. ``timeout`` bounds every message exchange of a round (pre-train,
+        train, post-train, evaluate and the node queries), each separately, as Flower's does the train and evaluate
+        exchanges.
         """
         if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.evaluate_config = dict(evaluate_config or {})
         if self.resume_round:  # load_state_dict ran: the model and state are the checkpoint's, not initial_arrays
             self.prepare(num_rounds, train_config=train_config, evaluate_fn=evaluate_fn)
             return self.continue_rounds(grid, num_rounds, timeout=timeout)
@@ -970,19 +1261,27 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
 
     def continue_rounds(self, grid: Grid, num_rounds: int, *, timeout: float = 3600) -> Result:
         """Rounds ``resume_round + 1 .. num_rounds`` of a resumed run: Flower's ``Strategy.start`` loop (train
-        exchange, aggregation, central evaluation) from the round after the checkpoint's."""
+        exchange, aggregation, client-side evaluation, central evaluation) from the round after the checkpoint's."""
         if self.resume_round >= num_rounds:
             raise ValueError(f"the checkpoint is of round {self.resume_round}: nothing is left of {num_rounds} rounds")
         log(INFO, "%s: resuming after round %d of %d", type(self).__name__, self.resume_round, num_rounds)
+        self.timeout = float(timeout)
         result = Result()
         for rnd in range(self.resume_round + 1, num_rounds + 1):
-            replies = grid.send_and_receive(messages=self.configure_train(rnd, self.current_arrays(), ConfigRecord(), grid),
-                                            timeout=timeout)
+            replies = grid.send_and_receive(
+                messages=self.configure_train(rnd, self.current_arrays(), ConfigRecord(dict(self.user_config)), grid),
+                timeout=timeout)
             arrays, metrics = self.aggregate_train(rnd, replies)
             if arrays is not None:
                 result.arrays = arrays
             if metrics is not None:
                 result.train_metrics_clientapp[rnd] = metrics
+            evaluated = grid.send_and_receive(
+                messages=self.configure_evaluate(rnd, self.current_arrays(), ConfigRecord(dict(self.evaluate_config)),
+                                                 grid), timeout=timeout)
+            agg = self.aggregate_evaluate(rnd, evaluated)
+            if agg is not None:
+                result.evaluate_metrics_clientapp[rnd] = agg
             res = self._evaluate_hook(rnd, self.current_arrays())
             if res is not None:
                 result.evaluate_metrics_serverapp[rnd] = res
@@ -990,30 +1289,81 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
 
     def prepare(self, num_rounds: int, *, train_config: ConfigRecord | Mapping[str, Any] | None = None,
                 evaluate_fn: EvaluateFn | None = None) -> None:
-        """Set the run's length, the user's extra train config and central evaluation (both drivers call this)."""
+        """Set the run's length, the user's train config and central evaluation (both drivers call this).
+
+        A ``train_config`` key that the algorithm sets in every message raises ValueError here, before round 1; one
+        that it sets for some clients only raises when the first such message is built (:meth:`with_user_config`).
+        """
         self.num_rounds = num_rounds
         self.evaluate_fn = evaluate_fn
-        self.user_config = dict(train_config or {})
-        ours = set(self.common_config()) | {ROUND_KEY, RUN_TOKEN_KEY}
-        clash = sorted(ours & set(self.user_config))
-        if clash:
-            raise ValueError(f"train_config keys {clash} are set by {type(self).__name__} itself")
+        self.adopt_config(train_config or {})
+        if self.layout is not None:
+            self.with_user_config({**self.common_config(), RUN_TOKEN_KEY: ""})
+
+    def adopt_config(self, config: Mapping[str, Any]) -> None:
+        """The user's train config: every key but "server-round", which Flower and we set ourselves (as
+        ``FedAvg.configure_train`` overwrites it)."""
+        self.user_config = {k: v for k, v in dict(config).items() if k != ROUND_KEY}
+
+    def adopt_arrays(self, arrays: ArrayRecord) -> None:
+        """Start the round from ``arrays`` when they differ from the strategy's global model (Flower's
+        ``configure_train`` sends the ``arrays`` it is given).
+
+        ``Strategy.start`` passes what :meth:`aggregate_train` returned, which is the global model: nothing changes.
+        Arrays that differ (a user's loop that edits the model between rounds) must have the initial names and
+        shapes; cast to the initial dtypes, they become the global model through :meth:`set_global_model`.
+        """
+        if self.layout is None or not isinstance(arrays, ArrayRecord) or not len(arrays):
+            return
+        raw = arrays_of(arrays)
+        what = "the arrays passed to configure_train"
+        if list(raw) != self.layout.names:
+            self.layout.check(raw, what=what)  # raises, naming the missing / unexpected entries
+        given = {e.name: np.asarray(raw[e.name]).astype(e.dtype, copy=False) for e in self.layout.entries}
+        self.layout.check(given, what=what)  # the shapes
+        ours = arrays_of(self.current_arrays())
+        if all(np.array_equal(given[k], ours[k]) for k in ours):
+            return
+        log(INFO, "%s: the arrays passed to configure_train differ from the global model: the round starts from them",
+            type(self).__name__)
+        self._carried = {e.name: given[e.name] for e in self.layout.entries if not e.in_vector}
+        self.set_global_model(self.layout.flatten(given))
+
+    def set_global_model(self, x: FloatArray) -> None:
+        """Replace the global model by ``x`` (flat, float64) between rounds. The base sets x; a strategy whose global
+        model is not ``self.x`` (a decentralized one, FedREP's float32 w) overrides this or refuses."""
+        if type(self).global_model is not FederatedStrategy.global_model:
+            raise ValueError(f"{type(self).__name__} keeps its own model state between rounds: it cannot start a round "
+                             "from other arrays than the ones its last round returned")
+        if not np.all(np.isfinite(x)):
+            raise ValueError("the arrays passed to configure_train hold NaN or Inf values")
+        self.x = np.asarray(x, dtype=np.float64)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Send each sampled client its own payload (after a pre-train exchange if the algorithm has one)."""
+        """Send each sampled client its own payload (after a pre-train exchange if the algorithm has one).
+
+        As Flower's ``FedAvg``: waits for ``min_available_nodes``, sends the ``arrays`` it is given (the global model,
+        :meth:`adopt_arrays`) and the user's ``config`` beside the algorithm's keys (:meth:`with_user_config`), and
+        logs ``configure_train: Sampled N nodes (out of M)``.
+        """
+        self._grid = grid  # aggregate_train sends the post-train exchange, if any, through it
+        online = wait_for_nodes(grid, self.min_available_nodes, limit_s=self.node_wait_s)
         if not self.node_of:
             self.connect(grid)
         else:
             self.readmit(grid, server_round)
-        self._grid = grid  # aggregate_train sends the post-train exchange, if any, through it
+        if config is not None:
+            self.adopt_config(config)
+        self.adopt_arrays(arrays)
         self.begin_round(server_round)
         pre = self.pre_train_contents(server_round)
         if pre:
             msgs = [Message(content, dst_node_id=node, message_type=mtype) for node, mtype, content in pre]
-            got = grid.send_and_receive(msgs, timeout=self.node_wait_s)
+            got = grid.send_and_receive(msgs, timeout=self.timeout)
             self.consume_pre_train(server_round, self.reply_items(server_round, msgs, got, pre[0][1]))
         self._train_msgs = [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
                             for node, content in self.checked_train_contents(server_round)]
+        log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(self._train_msgs), len(online))
         return list(self._train_msgs)
 
     def checked_train_contents(self, server_round: int) -> list[tuple[int, RecordDict]]:
@@ -1024,7 +1374,11 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Decode and aggregate (after a post-train exchange if the algorithm has one); returns the global model in
-        the user's layout and the round's diagnostics."""
+        the user's layout and the aggregate of the accepted replies' metrics (:meth:`client_train_metrics`), as
+        Flower's ``FedAvg`` does. The strategy's own figures of the round go to :attr:`diagnostics`."""
+        replies = list(replies)
+        failures = sum(1 for r in replies if r.has_error())
+        log(INFO, "aggregate_train: Received %s results and %s failures", len(replies) - failures, failures)
         items = self.reply_items(server_round, self._train_msgs, replies, MessageType.TRAIN)
         self._train_msgs = []
         self.consume_replies(server_round, items)
@@ -1033,9 +1387,25 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             if self._grid is None:
                 raise RuntimeError("a post-train exchange needs the Grid of configure_train")
             msgs = [Message(content, dst_node_id=node, message_type=mtype) for node, mtype, content in post]
-            got = self._grid.send_and_receive(msgs, timeout=self.node_wait_s)
+            got = self._grid.send_and_receive(msgs, timeout=self.timeout)
             self.consume_post_train(server_round, self.reply_items(server_round, msgs, got, post[0][1]))
-        return self.current_arrays(), self.round_metrics()
+        return self.current_arrays(), self.client_train_metrics(server_round)
+
+    def client_train_metrics(self, server_round: int) -> MetricRecord | None:
+        """``Result.train_metrics_clientapp[server_round]``: the clients' train metrics aggregated as Flower's FedAvg
+        aggregates them (``train_metrics_aggr_fn``, weighted by ``weighted_by_key``), over the replies the algorithm
+        accepted whose metrics have the round's keys (:func:`consistent_metric_replies`; the others are logged).
+        An empty MetricRecord when replies were accepted but none carries aggregatable metrics; None without any.
+        """
+        replies: dict[int, tuple[int, RecordDict]] = self._acc.get("train_replies", {})
+        if not replies:
+            return None
+        keep, bad = consistent_metric_replies(list(replies.values()), self.weighted_by_key)
+        if bad:  # one line a round: the update of such a reply still counts, only its metrics are left out
+            log(WARNING, "round %d: the train metrics of %d accepted reply(ies) are left out of the aggregate (%s: %s)",
+                server_round, len(bad), self.describe_nodes([bad[0][0]]), bad[0][1])
+        return aggregate_metric_replies([c for _, c in keep], self.weighted_by_key,
+                                        self.train_metrics_aggr_fn) or MetricRecord()
 
     def reply_items(self, server_round: int, sent: Sequence[Message], replies: Iterable[Message],
                     exchange: str) -> list[tuple[int, RecordDict | str]]:
@@ -1066,7 +1436,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         return ", ".join(f"node {n}" + (f" (client {self.pid_of[n]})" if n in self.pid_of else "") for n in nodes)
 
     def readmit(self, grid: Grid, server_round: int) -> None:
-        """Give a client whose node has gone offline to a new node that reports the same partition-id.
+        """Take in the nodes that connected after round 1: a restarted client's new node, or a new client.
 
         A SuperNode that crashed and was started again with the same node config registers as a new node id
         (without SuperNode authentication; with it, the registered id comes back online and nothing changes
@@ -1074,16 +1444,20 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         node) for their partition-id; a node reporting the partition of a client whose node is offline takes that
         client's place from this round on (:meth:`on_readmit` lets the algorithm reset what it assumed about the
         client). The new node starts with an empty ``context.state``: whatever the client kept there is lost.
+
+        Any other new node joins the federation as a new client when the algorithm allows it
+        (:attr:`admits_new_nodes`; it gets the next client id, N, whatever its partition-id, and is sampled from this
+        round on, as Flower's ``FedAvg`` samples every connected node); otherwise it is logged once and left out.
         """
         online = set(grid.get_node_ids())
         gone = {cid for cid, nid in self.node_of.items() if nid not in online}
         strangers = sorted(online - set(self.pid_of) - self._asked)
-        if not gone or not strangers:
+        if not strangers:
             return
         self._asked.update(strangers)
         msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI)
                 for nid in strangers]
-        for reply in grid.send_and_receive(msgs, timeout=self.node_wait_s):
+        for reply in grid.send_and_receive(msgs, timeout=self.timeout):
             nid = reply.metadata.src_node_id
             info = {} if reply.has_error() else dict(reply.content.config_records.get("info", ConfigRecord()))
             pid, parts = info.get("partition-id"), info.get("num-partitions")
@@ -1098,17 +1472,87 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             log(WARNING, "round %d: client %d rejoined as node %d (its node %d went offline); its context.state "
                 "starts empty", server_round, pid, nid, old)
             self.on_readmit(pid, old, nid)
+        newcomers = sorted(n for n in strangers if n not in self.pid_of)
+        if not newcomers:
+            return
+        if not self.admits_new_nodes or self.require_partition_ids:
+            log(WARNING, "round %d: %s connected after round 1; %s keeps the federation of round 1 (its server state "
+                "is sized by it) and leaves them out", server_round, self.describe_nodes(newcomers), type(self).__name__)
+            return
+        joined = []
+        for nid in newcomers:  # client ids stay 0..N-1 (the sampler draws from range(N))
+            cid = len(self.node_of)
+            self.node_of[cid], self.pid_of[nid] = nid, cid
+            joined.append(cid)
+        self.num_clients = len(self.node_of)
+        log(INFO, "round %d: %s joined the federation (now %d clients)", server_round,
+            self.describe_nodes(newcomers), self.num_clients)
+        self.on_clients_joined(joined)
+
+    def on_clients_joined(self, clients: list[int]) -> None:
+        """New clients joined after round 1 (:meth:`readmit`); an algorithm that admits them may allocate per-client
+        state here. Default nothing."""
 
     def on_readmit(self, client: int, old_node: int, new_node: int) -> None:
         """A client now answers from a new node with an empty context.state (:meth:`readmit`); default nothing."""
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """No federated evaluation: the server evaluates the global model centrally (``evaluate_fn``)."""
-        return []
+        """Client-side evaluation as Flower's ``FedAvg`` configures it: ``max(int(N * fraction_evaluate),
+        min_evaluate_nodes)`` of the federation's connected nodes (a seeded draw), each sent ``arrays`` (the global
+        model in the user's layout) and ``config`` (the user's ``evaluate_config``) with "server-round" set; none
+        when ``fraction_evaluate`` is 0. Logs ``configure_evaluate: Sampled N nodes (out of M)``."""
+        self._eval_msgs = []
+        if self.fraction_evaluate == 0.0 or not self.node_of:
+            return []
+        online = wait_for_nodes(grid, self.min_available_nodes, limit_s=self.node_wait_s)
+        nodes = sorted(n for n in self.pid_of if n in set(online))
+        size = min(len(nodes), max(int(len(nodes) * self.fraction_evaluate), self.min_evaluate_nodes))
+        if size < self.min_evaluate_nodes:
+            log(WARNING, "round %d: %d node(s) of the federation are connected, fewer than min_evaluate_nodes = %d: "
+                "they all evaluate", server_round, len(nodes), self.min_evaluate_nodes)
+        # draw positions, not ids: a node id is a uint64 that numpy would carry as a float64 and round
+        picks = self.rng(STREAM_EVALUATE, server_round).choice(len(nodes), size=size, replace=False)
+        chosen = [nodes[int(i)] for i in sorted(picks)]
+        cfg = ConfigRecord({**dict(config if config is not None else self.evaluate_config), ROUND_KEY: server_round})
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
+        self._eval_msgs = [Message(content, dst_node_id=int(n), message_type=MessageType.EVALUATE) for n in chosen]
+        down = recorddict_nbytes(content) * len(chosen)
+        self._acc.setdefault("evaluate", {})["evaluate_down_bytes"] = float(down)
+        log(INFO, "configure_evaluate: Sampled %s nodes (out of %s)", len(chosen), len(online))
+        return list(self._eval_msgs)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Nothing to aggregate (see configure_evaluate)."""
-        return None
+        """``Result.evaluate_metrics_clientapp[server_round]``: the evaluate replies' MetricRecords aggregated by
+        ``evaluate_metrics_aggr_fn`` (Flower's weighted mean by default). Every reply is untrusted: an error, or
+        metrics Flower's FedAvg could not aggregate (missing or bad weight, non-finite values, keys unlike the
+        round's), is logged with its node and left out (:func:`consistent_metric_replies`); Flower's FedAvg raises
+        ``InconsistentMessageReplies`` instead and the run fails."""
+        replies = list(replies)
+        failures = sum(1 for r in replies if r.has_error())
+        if replies or self._eval_msgs:
+            log(INFO, "aggregate_evaluate: Received %s results and %s failures", len(replies) - failures, failures)
+        items = self.reply_items(server_round, self._eval_msgs, replies, MessageType.EVALUATE)
+        self._eval_msgs = []
+        good: list[tuple[int, RecordDict]] = []
+        up = 0
+        for node, content in items:
+            if isinstance(content, str):
+                log(WARNING, "round %d: evaluate reply of %s is an error: %s", server_round, self.describe_nodes([node]),
+                    client_error_text(content))
+                continue
+            up += recorddict_nbytes(content)
+            if node not in self.pid_of:
+                log(WARNING, "round %d: evaluate reply from unknown node %s dropped", server_round, node)
+                continue
+            good.append((node, content))
+        keep, bad = consistent_metric_replies(good, self.weighted_by_key)
+        for node, why in bad:
+            log(WARNING, "round %d: evaluate reply of %s dropped: %s", server_round, self.describe_nodes([node]), why)
+        if items:
+            self._acc.setdefault("evaluate", {}).update({
+                "evaluate_up_bytes": float(up), "evaluate_replies": float(len(keep)),
+                "evaluate_rejected": float(len(items) - len(keep))})
+        return aggregate_metric_replies([c for _, c in keep], self.weighted_by_key, self.evaluate_metrics_aggr_fn)
 
     def summary(self) -> None:
         """Log the strategy's configuration."""
@@ -1116,8 +1560,8 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
 
     def describe(self) -> dict[str, Any]:
         """The settings :meth:`summary` logs (a subclass adds its hyperparameters)."""
-        out: dict[str, Any] = {"fraction_train": self.fraction_train, "min_available_nodes": self.min_available_nodes,
-                               "seed": self.seed}
+        out: dict[str, Any] = {"fraction_train": self.fraction_train, "fraction_evaluate": self.fraction_evaluate,
+                               "min_available_nodes": self.min_available_nodes, "seed": self.seed}
         if self.layout is not None:
             out["model"] = self.layout.describe()
         return out

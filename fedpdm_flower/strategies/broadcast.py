@@ -79,6 +79,9 @@ class BroadcastStrategy(FederatedStrategy):
 
     PRIVACY_KEYS = ("eps_dpsgd", "eps_eq36", "eps_gdp", "eps_rdp", "eps_basic", "delta_basic")
     PRIVACY_DETAIL_KEYS = ("dp_noise_multiplier", "dp_sample_rate", "dp_steps", "dp_mechanisms")
+    #: the server keeps no per-client state (the duals, control variates and ledgers live on the devices, the noise
+    #: calibration follows the round's sampling rate): nodes that connect after round 1 join the federation
+    admits_new_nodes = True
 
     def __init__(self, *, eta0: float = 0.04, max_local_steps: int = 10, batch_size: int | None = None,
                  uplink: TopK | None = None, downlink: TopK | None = None, privacy: Calibration | None = None,

@@ -13,6 +13,12 @@ discretization (epsilon, delta), and z is calibrated to a target (:func:`fedpdm_
 The release happens every round, with no client sampled too (then the model moves by the noise alone): skipping
 it would reveal that the sample was empty.
 
+**The model mean is unweighted** (the fixed denominator q N: every sampled client's clipped update counts once, as
+the analysis needs; Flower's DP wrappers require uniform weights for accounting too). The clients' train metrics
+are aggregated as the inner FedAvg aggregates them (``train_metrics_aggr_fn``, weighted by ``num-examples``) into
+``Result.train_metrics_clientapp``, **without noise: they are outside the (epsilon, delta) guarantee**, as Flower
+says of its own DP wrappers ("training and evaluation metrics are not included").
+
 **Unit and adversary.** The unit is one client (all of its data). The guarantee holds against everyone who sees
 the released global models: the clients, the public, anyone the model is shipped to. **The server is trusted**:
 it draws the sample and sees each clipped update before the noise, as in Flower's own
@@ -38,8 +44,8 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedpdm_flower.fedapp.layout import FloatArray
 from fedpdm_flower.fedapp.wire import recorddict_nbytes
-from fedpdm_flower.strategies.base import arrays_of
-from fedpdm_flower.strategies.wrappers import StrategyWrapper, _merge_metrics, _record
+from fedpdm_flower.strategies.base import aggregate_metric_replies, arrays_of
+from fedpdm_flower.strategies.wrappers import StrategyWrapper, _record
 
 __all__ = ["CentralDP"]
 
@@ -160,6 +166,7 @@ class CentralDP(StrategyWrapper):
                                          f"{spent.num_releases} rounds)")
         self._event: Any = event
         self._round_stats = {}
+        self.check_user_config(config or {})
         sample = [n for n in grid.get_node_ids() if self._rng.random() < self.q]
         named = arrays_of(arrays)
         self.learn_layout(Message(RecordDict({"arrays": arrays}), dst_node_id=0, message_type="train"))
@@ -196,4 +203,8 @@ class CentralDP(StrategyWrapper):
         if not kept:
             log(WARNING, "round %d: no client in the sample (or none answered): the model moves by the noise alone",
                 server_round)
-        return self.restore_dtypes(_record(model)), _merge_metrics(None, self._round_stats)
+        self.record_diagnostics(server_round, self._round_stats)
+        inner = self.inner
+        assert isinstance(inner, FedAvg)
+        metrics = aggregate_metric_replies([r.content for r in kept], inner.weighted_by_key, inner.train_metrics_aggr_fn)
+        return self.restore_dtypes(_record(model)), metrics

@@ -72,6 +72,9 @@ class GraphRouting(FederatedStrategy):
 
     resume_unsupported: str | None = ("the routers' state (outboxes, counters, the walk) is not checkpointed yet")
 
+    #: the nodes own their buffers (BatchNorm statistics): no server model to send them from
+    SEND_BUFFERS = False
+
     def __init__(self, *, graph: topology.Graph | str = "ring", **federation: Any) -> None:
         federation["require_partition_ids"] = True
         federation.setdefault("fraction_train", 1.0)

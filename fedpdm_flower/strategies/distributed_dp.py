@@ -46,7 +46,7 @@ from fedpdm_flower.clients.distributed_dp import DDP_BETA, DDP_CLIP, DDP_SCALE, 
 from fedpdm_flower.fedapp.layout import FloatArray
 from fedpdm_flower.fedapp.privacy import skellam
 from fedpdm_flower.fedapp.privacy.protocol import SkellamAccountant, SkellamPrivacyEvent, no_amplification
-from fedpdm_flower.strategies.wrappers import SecureBuffers, _merge_metrics
+from fedpdm_flower.strategies.wrappers import _TOTAL_WEIGHT, SecureBuffers, _weight_value
 
 __all__ = ["DistributedDP"]
 
@@ -56,6 +56,14 @@ EDGE = 2**31 - 2**27
 
 class DistributedDP(SecureBuffers):
     """SecureBuffers with the distributed Skellam mechanism (module docstring).
+
+    **The model mean is unweighted**: every client's clipped update counts once, whatever its ``num-examples``. The
+    sensitivity C bounds one client's contribution, and a weight released without noise would fall outside the
+    guarantee; Flower's own DP wrappers require uniform weights for accounting likewise. The clients' train metrics
+    keep FedAvg's weighting (weighted sums inside the masks, as :class:`SecureBuffers` carries them), released as
+    buffer aggregates **without noise, outside the (epsilon, delta) guarantee** -- as Flower's DP wrappers say of
+    theirs ("training and evaluation metrics are not included"). A device that must not release them returns none
+    from its train function but its weight.
 
     Parameters
     ----------
@@ -82,11 +90,14 @@ class DistributedDP(SecureBuffers):
         The conditional rounding's parameter (default e^-0.5).
     """
 
+    weighted_model = False
+
     def __init__(self, inner: Strategy, *, epsilon: float, delta: float = 1e-5, num_rounds: int,
                  clip_norm: float = 1.0, buffer_size: int = 4, threshold: int | None = None, max_colluders: int = 0,
                  noise_multiplier: float | None = None, scale: float | None = None,
-                 beta: float = skellam.DEFAULT_BETA, seed: int | None = None, timeout: float = 600.0) -> None:
+                 beta: float = skellam.DEFAULT_BETA, seed: int | None = None, timeout: float | None = None) -> None:
         super().__init__(inner, buffer_size, threshold=threshold, seed=seed, timeout=timeout)
+        self.secure.count_clipped = False  # the devices encode their vectors themselves (clipped by the DP clip norm)
         for name, v in (("epsilon", epsilon), ("clip_norm", clip_norm)):
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
@@ -197,13 +208,23 @@ class DistributedDP(SecureBuffers):
             raise ValueError("the noisy sum reaches the ring's edge: it may have wrapped")
         return np.asarray(v, dtype=np.float64) / (self.scale * count)
 
+    def decode_update(self, total: NDArray[np.uint32], count: int, weight: float) -> FloatArray:
+        """The buffer's unweighted mean of the survivors' clipped updates (class docstring)."""
+        return self.decode_sum(total, count)
+
+    def buffer_metrics(self, means: Any, weight: float, count: int) -> dict[str, Any]:
+        """The inner strategy weighs the buffer by its survivors (an unweighted model mean); the total weight rides
+        along for the metrics' FedAvg weighting (:meth:`SecureBuffers.aggregate_train`)."""
+        return {**means, self.weight_key: count, _TOTAL_WEIGHT: _weight_value(weight)}
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)
         spent = self.privacy_spent()
         if spent is None:
             log(WARNING, "round %d: DistributedDP has no accountant yet", server_round)
             return arrays, metrics
-        return arrays, _merge_metrics(metrics, {
+        self.record_diagnostics(server_round, {
             "ddp.noise_multiplier": float(self.z or 0.0), "ddp.scale": float(self.scale or 0.0),
             "ddp.l2_sensitivity": self.l2, "ddp.epsilon": float(spent.epsilon),
             "ddp.releases": float(spent.num_releases), "ddp.sample_rate": 1.0})
+        return arrays, metrics

@@ -53,6 +53,12 @@ Per-round record (``history``, results.json)
 :meth:`global_model` (``Result.arrays``, the reproduction's model.npy) is the node-average model when the last
 evaluation uploaded the x_i, otherwise the average of the decoded published messages z_i: what the server holds,
 noisy, not a trained model (spec 7.4 says never to evaluate it).
+
+Flower's ``Result`` (docs/flower-parity.md): ``train_metrics_clientapp`` aggregates the nodes' train metrics as
+Flower's FedAvg does; ``evaluate_metrics_serverapp`` holds what ``evaluate_fn`` returned on the node-average model
+and ``evaluate_metrics_clientapp`` the clients' evaluation of it (``fraction_evaluate``), both in the rounds that form
+that model (``evaluate_average=True``, every ``eval_every`` rounds and the last) and in no other: there is no global
+model to evaluate.
 """
 
 from __future__ import annotations
@@ -123,7 +129,9 @@ class DPQDSGD(SyncRouter):
     The step sizes, the batch size and the noise follow Theorem 1 / Assumption 4 (spec 2.1) for the horizon K; the
     defaults are the paper's MNIST experiment (Section 4): at K = 2000, alpha_hat = 0.0101, beta_hat = 0.0010,
     gamma_hat = 50. Works on any model's ``ArrayRecord``: the nodes (:class:`fedpdm_flower.clients.dpq.DPQClient`) train the
-    user's buffer-free torch module or numpy model on the user's data.
+    user's torch module (its buffers stay with each node; with noise, a module without buffers) or numpy model on the
+    user's data. For a neural network use ``q_step=0.05, sigma_scale=0.03, a3=40.0``: the defaults diverge on a
+    small CNN (0.007 after 5 rounds, these 0.52; docs/models-and-data.md).
 
     Parameters
     ----------
@@ -417,7 +425,7 @@ class DPQDSGD(SyncRouter):
             rec.test_accuracy, rec.test_loss = ev.pop("test_accuracy"), ev.pop("test_loss")
         rec.extra.update(ev)
         if self.evaluate_fn is not None and self.avg_model is not None and self.avg_round == server_round:
-            res = self.evaluate_fn(server_round, self.current_arrays())
+            res = self.call_evaluate_fn(server_round)
             for key, value in (dict(res) if res is not None else {}).items():
                 name = {"accuracy": "test_accuracy", "loss": "test_loss"}.get(key, key)
                 rec.extra[f"avg_model_{name}"] = value
@@ -436,6 +444,16 @@ class DPQDSGD(SyncRouter):
                 "" if avg is None else f" avg-model acc={avg:.4f}", eps, rec.extra.get("bits_per_message", 0.0),
                 rec.extra.get("bits_per_coordinate", 0.0), rec.uplink_bytes / 1e3, rec.downlink_bytes / 1e3)
         return rec
+
+    def configure_evaluate(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        """Client-side evaluation (Flower's ``fraction_evaluate``) of the node-average model, in the rounds that
+        formed it (``evaluate_average``); none in other rounds, where the server holds no model: the mean of the
+        noisy published messages is not one (spec 7.4 says never to evaluate it). The nodes' own evaluation of their
+        x_i is in :attr:`history`."""
+        if self.avg_model is None or self.avg_round != server_round:
+            self._eval_msgs = []
+            return []
+        return super().configure_evaluate(server_round, arrays, config, grid)
 
     def describe(self) -> dict[str, Any]:
         out = {**super().describe(), "variant": self.variant, "q_step": self.q_step, "horizon": self.horizon,

@@ -28,6 +28,9 @@ __all__ = ["FedAvg", "FedProx", "LocalSGDStrategy"]
 class LocalSGDStrategy(BroadcastStrategy):
     """Server side shared by the local-SGD baselines (FedAvg, FedProx, SCAFFOLD, FedDyn).
 
+    For a neural network use ``eta0=0.2`` (FedDyn: also ``alpha=0.1``): on a small CNN the default eta0 = 0.04 is
+    at 0.49 after 5 rounds where 0.2 reaches 0.86 (docs/models-and-data.md).
+
     Parameters
     ----------
     gamma

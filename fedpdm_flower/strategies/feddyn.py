@@ -30,7 +30,8 @@ class FedDyn(LocalSGDStrategy):
     Parameters
     ----------
     alpha
-        FedDyn's regularisation weight (default 10.0); sent to the clients as "feddyn-alpha".
+        FedDyn's regularisation weight (default 10.0); sent to the clients as "feddyn-alpha". For a neural network
+        use 0.1 with ``eta0=0.2`` (docs/models-and-data.md).
     **kwargs
         :class:`fedpdm_flower.strategies.fedavg.LocalSGDStrategy`'s arguments.
     """

@@ -25,13 +25,17 @@ class DPFedPDM(BroadcastStrategy):
     """Alg. 1: broadcast x_0, the clients run (8a)-(8d) and upload y_i, the server averages them and applies the
     l1 prox (12): x_0^{t+1} = prox_{h/rho}(mean y), h = gamma ||x||_1.
 
+    The defaults are the paper's, for its linear model. For a neural network use ``rho=0.1, eta0=0.2, gamma=0``
+    (a small CNN on MNIST: 0.86 after 5 rounds, 0.94 after 20, where the defaults stay at 0.15;
+    docs/models-and-data.md).
+
     Parameters
     ----------
     rho
         Penalty rho of the augmented Lagrangian (default 10, Section V-C).
     gamma
         Weight of h(x) = gamma ||x||_1 (default 0.005: the paper's 0.5 makes x = 0 stationary on [0, 1] pixel
-        features, README "Deviations").
+        features, docs/fedpdm.md "Deviations").
     eta0
         Step size scale, eta^t = eta0 / sqrt(1 + t) (default 0.04).
     nu

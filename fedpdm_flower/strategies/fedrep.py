@@ -54,7 +54,13 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedpdm_flower.fedapp import secagg
-from fedpdm_flower.fedapp.algorithms.fedrep import learning_rate, model_crc, server_step, trainable_count
+from fedpdm_flower.fedapp.algorithms.fedrep import (
+    buffer_indices,
+    learning_rate,
+    model_crc,
+    server_step,
+    trainable_count,
+)
 from fedpdm_flower.fedapp.compression import conspar
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.compression.conspar import ConSpar
@@ -93,6 +99,12 @@ class FedREP(FederatedStrategy):
 
     All connected clients take part in every round (fraction_train is 1, Alg. 1). The model is kept in float32,
     the values every client receives, so that the sparse downlink can be replayed bit for bit by the clients.
+    BatchNorm statistics are in w, and their coordinates are in every round's I^t, outside the proposals, with no
+    error memory (:func:`fedpdm_flower.fedapp.algorithms.fedrep.buffer_indices`).
+
+    For a neural network use ``local_steps=20, batch_size=None, conspar=ConSpar(0.1),
+    aggregator=GeometricMedian(iters=5)``: on a small BatchNorm CNN the defaults reach 0.18 after 5 rounds and 0.70
+    after 20, these 0.93 and 0.96 (docs/models-and-data.md).
 
     Parameters
     ----------
@@ -155,6 +167,9 @@ class FedREP(FederatedStrategy):
     ...                   aggregator=GeometricMedian(iters=5))
     >>> result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3)
     """
+
+    #: FedREP's w holds the floating-point buffers (spec 11.2); they are sent every round, outside the proposals
+    BUFFERS = "in-vector"
 
     resume_unsupported = ("FedREP's round state (I^{t-1}, the clients' sync set, the buffer draw and, masked, the "
                           "devices' per-run signed keys) is not checkpointed")
@@ -241,6 +256,7 @@ class FedREP(FederatedStrategy):
         self.oracle = oracle
         self.w: NDArray[np.float32] = np.zeros(0, dtype=np.float32)
         self.num_trainable = 0
+        self.buffer_idx = np.zeros(0, dtype=np.int64)  # coordinates of w holding BatchNorm statistics
         self.synced: set[int] | None = None  # clients holding w^t (None: not decided before round 1)
         self.last_update: tuple[NDArray[np.int64], NDArray[np.float32]] = _EMPTY
         self.rs: dict[str, Any] = {}  # the current round's I^t, buffers, keys, uploads (server state of one round)
@@ -251,11 +267,31 @@ class FedREP(FederatedStrategy):
         assert self.layout is not None
         self.w = self.x.astype(np.float32)
         self.num_trainable = trainable_count(self.layout)
+        self.buffer_idx = buffer_indices(self.layout)
         self.synced = None
         self.last_update = _EMPTY
 
     def global_model(self) -> FloatArray:
         return self.w.astype(np.float64)
+
+    def set_global_model(self, x: FloatArray) -> None:
+        """Start the next round from other arrays (Flower's ``configure_train`` argument): w = x in float32, and every
+        client gets the dense model next (none holds this w^t to replay a sparse downlink on)."""
+        if not np.all(np.isfinite(x)):
+            raise ValueError("the arrays passed to configure_train hold NaN or Inf values")
+        self.w = np.asarray(x, dtype=np.float32)
+        self.x = self.w.astype(np.float64)
+        self.synced = set() if self.synced is not None else None
+        self.last_update = _EMPTY
+
+    def client_train_metrics(self, server_round: int) -> MetricRecord | None:
+        """The clients train in phase 1 (``query.propose``): the round's train metrics are the accepted proposals'
+        (Flower's aggregation, as the base does for train replies). A device in secure mode keeps its metrics (a
+        per-client loss in the clear would leak what the masks hide): the aggregate is then empty."""
+        if self.secure is not None:
+            return MetricRecord()
+        self._acc["train_replies"] = self._acc.get("propose_replies", {})
+        return super().client_train_metrics(server_round)
 
     @property
     def k(self) -> int:
@@ -280,7 +316,7 @@ class FedREP(FederatedStrategy):
     def propose_config(self, server_round: int) -> dict[str, Scalar]:
         """Everything the clients' phase 1 needs: the local algorithm, ConSpar, masking, the downlink's CRC."""
         cfg: dict[str, Scalar] = {
-            **self.user_config, **self.common_config(), ROUND_KEY: server_round,
+            **self.common_config(), ROUND_KEY: server_round,
             "lr": self.learning_rate(server_round), "momentum": self.momentum, "local-steps": self.local_steps,
             "k": self.k, "alpha": self.conspar.alpha if self.conspar is not None else 0.0,
             "error-feedback": self.upload == "conspar", "masked": self.masked,
@@ -290,7 +326,7 @@ class FedREP(FederatedStrategy):
             cfg["batch-size"] = self.batch_size
         if self.secure is not None:  # the devices sign this round's key for this run
             cfg[secagg.S_RUN] = self.secure.run_label
-        return cfg
+        return self.with_user_config(cfg)
 
     def pre_train_contents(self, server_round: int) -> list[tuple[int, str, RecordDict]]:
         """query.propose to every client: the sparse aggregate (or the dense model) and the round's settings."""
@@ -368,6 +404,7 @@ class FedREP(FederatedStrategy):
                 self.reject(server_round, node_id, f"propose: {err}")
                 continue
             proposals[cid] = proposal
+            self._acc.setdefault("propose_replies", {})[cid] = (node_id, content)
             if self.sparse_downlink:
                 self.synced.add(cid)
             metrics = content.metric_records.get("metrics")
@@ -381,8 +418,8 @@ class FedREP(FederatedStrategy):
             proposals = self.oracle.forge_proposals(proposals, self.rng(STREAM_ORACLE, server_round))
         if self.k >= self.dim:
             consensus = np.arange(self.dim, dtype=np.int64)
-        else:
-            consensus = conspar.consensus(list(proposals.values()), self.dim, self.k)
+        else:  # the buffers' coordinates ride along every round (fedpdm_flower.fedapp.algorithms.fedrep.buffer_indices)
+            consensus = np.union1d(conspar.consensus(list(proposals.values()), self.dim, self.k), self.buffer_idx)
         buffers, left_out = self.make_buffers(sorted(proposals), server_round)
         if left_out:
             log(WARNING, "round %d: clients %s left out of the buffers (incomplete buffer)", server_round, left_out)
@@ -472,7 +509,8 @@ class FedREP(FederatedStrategy):
 
     def round_diagnostics(self, idx: NDArray[np.int64], buffers: int, discarded: int) -> dict[str, float]:
         losses = self.rs["losses"]
-        return {"consensus_size": float(len(idx)), "gamma": len(idx) / self.num_trainable,
+        trained = len(idx) - int(np.isin(idx, self.buffer_idx).sum())  # the buffers ride along, outside ConSpar's K
+        return {"consensus_size": float(len(idx)), "gamma": trained / self.num_trainable,
                 "buffers": float(buffers), "discarded_buffers": float(discarded),
                 "mean_train_loss": float(np.mean(losses)) if losses else float("nan")}
 
@@ -526,11 +564,15 @@ class FedREP(FederatedStrategy):
         why = {**skipped, **plan.discarded, **failed}
         for b in sorted(why):
             log(WARNING, "round %d: buffer %d discarded: %s", server_round, b, why[b])
-        means = [secagg.dequantize(total, count, self.secure.clip, self.secure.levels)
-                 for total, count in (sums[b] for b in sorted(sums))]
+        split = [(self.secure.split(total), count) for total, count in (sums[b] for b in sorted(sums))]
+        means = [secagg.dequantize(q, count, self.secure.clip, self.secure.levels) for (q, _), count in split]
+        clipped = sum(lost for (_, lost), _ in split)
+        if clipped:
+            log(WARNING, "round %d: %d coordinate(s) of the masked updates lay outside the fixed-point range [-%g, %g] "
+                "and were clipped (diagnostic 'clipped')", server_round, clipped, self.secure.clip, self.secure.clip)
         diag = self.apply_means(server_round, means, sorted(why))
         self._acc["diag"] = {**self._acc.get("diag", {}), **diag, "dropped": float(plan.dropped),
-                             "rejected": float(self._acc.get("rejected", 0))}
+                             "clipped": float(clipped), "rejected": float(self._acc.get("rejected", 0))}
         return self.round_metrics()
 
     def apply_means(self, server_round: int, means: list[FloatArray], discarded: list[int]) -> dict[str, float]:

@@ -160,6 +160,10 @@ class FlowerBuiltinMixin(RoundBookkeeping, FedAvg):
         messages = list(super().configure_train(server_round, arrays, config, grid))
         available = max(1, len(list(grid.get_node_ids())))
         extra = self.local_config(server_round, min(1.0, len(messages) / available))
+        clash = sorted(set(config or {}) & set(extra))
+        if clash:  # the user's train_config reaches the clients unchanged, or the run stops (as for our strategies)
+            raise ValueError(f"train_config key(s) {clash} are also set by {type(self).__name__} itself in its train "
+                             "messages: rename them in your train_config")
         for m in messages:
             m.content[self.configrecord_key] = ConfigRecord({**dict(m.content.config_records[self.configrecord_key]),
                                                              **extra})

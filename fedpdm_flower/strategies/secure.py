@@ -33,6 +33,7 @@ from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.secagg import (
     S_BUFFER,
     S_CLIP,
+    S_COUNT,
     S_DROPPED,
     S_INFO,
     S_LEVELS,
@@ -122,16 +123,21 @@ class BufferSecAgg:
         refuse a buffer whose t is not a majority of at least 2.
     clip, levels
         The fixed-point code of the masked vectors (default [-8, 8] in 2^22 levels).
+    count_clipped
+        Ask each member to append how many of its coordinates the code clipped (default True), so that
+        :meth:`split` reports each buffer's total: nothing is clipped silently. False for a caller whose devices
+        encode their vectors themselves (distributed DP).
     """
 
     def __init__(self, *, threshold: int | None = None, clip: float = secagg.DEFAULT_CLIP,
-                 levels: int = secagg.DEFAULT_LEVELS) -> None:
+                 levels: int = secagg.DEFAULT_LEVELS, count_clipped: bool = True) -> None:
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 2):
             raise ValueError(f"threshold must be an integer >= 2 or None, got {threshold!r}")
         if not (math.isfinite(clip) and clip > 0):
             raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
         secagg._check_capacity(2, levels)
         self.threshold, self.clip, self.levels = threshold, float(clip), int(levels)
+        self.count_clipped = bool(count_clipped)
         self.run_label = secrets.token_hex(16)  # fresh per run: keys and masks of another run never verify here
         self.keys: dict[int, SignedKey] = {}  # node id -> its latest signed key
 
@@ -181,6 +187,8 @@ class BufferSecAgg:
         config = {S_PHASE: "mask", S_RUN: self.run_label, S_ROUND: server_round, S_BUFFER: buffer_id,
                   S_MEMBERS: json.dumps(cids), S_THRESHOLD: self.threshold_for(len(members)), S_CLIP: self.clip,
                   S_LEVELS: self.levels}
+        if self.count_clipped:
+            config[S_COUNT] = True
         return config, _record(peers)
 
     # ------------------------------------------------------------------ 3. an upload
@@ -189,6 +197,7 @@ class BufferSecAgg:
         reply; raises MalformedPayload (a ValueError) or KeyError for anything else."""
         rec = content.array_records[S_RECORD]
         masked = rec["masked"].numpy()
+        length += 1 if self.count_clipped else 0  # the clipped-coordinate count rides at the end
         if masked.dtype != np.uint32 or masked.shape != (length,):
             raise MalformedPayload(f"a masked upload is uint32 of shape ({length},), got {masked.dtype} {masked.shape}")
         me = self.keys[node].client_id
@@ -230,6 +239,11 @@ class BufferSecAgg:
                     S_RECORD: _record(sealed) if sealed else ArrayRecord()})
             plan.buffers.append(buffer)
         return plan
+
+    def split(self, total: NDArray[np.uint32]) -> tuple[NDArray[np.uint32], int]:
+        """(the survivors' quantized sum, how many of their coordinates the fixed-point code clipped) of an unmasked
+        buffer sum (0 clipped when the members were not asked to count)."""
+        return secagg.split_counted(total) if self.count_clipped else (np.asarray(total, dtype=np.uint32), 0)
 
     # ------------------------------------------------------------------ 5. the survivors' sums
     def unmask(self, plan: UnmaskPlan, answers: Mapping[int, RecordDict | str]

@@ -6,11 +6,20 @@ strategy replies of Flower's FedAvg convention: a train message carries the glob
 a reply carries the trained model in the same layout and one MetricRecord with the inner strategy's weighting key
 (``num-examples``).
 
-Every wrapper first **screens** the replies (:meth:`StrategyWrapper.screen`): a reply is untrusted input, and one
-malformed reply makes Flower's own FedAvg fail the whole round or, with 1e300 in an array, poison the model
+Every wrapper first **screens** the replies, train and evaluate alike (:meth:`StrategyWrapper.screen`,
+:meth:`StrategyWrapper.screen_evaluate`): a reply is untrusted input, and one malformed reply makes Flower's own
+FedAvg fail the whole round (``InconsistentMessageReplies``) or, with 1e300 in an array, poison the model
 (notes/flower-1.42.md section 9). A reply whose records, names, shapes or dtypes differ from what was sent, whose
-values are not finite, or whose weight is not a positive finite number is dropped with a warning naming the node,
-and the round goes on with the others; the counts go into the round's MetricRecord ("screen.rejected").
+values are not finite, whose weight is not a positive finite number, or whose metric keys differ from the round's
+is dropped with a warning naming the node, and the round goes on with the others; the counts go into the wrapper's
+:attr:`StrategyWrapper.diagnostics` ("screen.rejected", "screen.evaluate_rejected").
+
+**Flower's Result is untouched.** ``start`` returns what the inner strategy's aggregation gives: the model and
+the clients' aggregated train / evaluate metrics, with the user's keys only. What a wrapper measures itself (bytes
+both ways, buffers, rejections, privacy) goes to ``wrapper.diagnostics`` -- round -> MetricRecord, the keys of
+every wrapper of the chain together, each namespaced by its wrapper ("compress.", "secure.", "robust.", ...).
+A wrapper's protocol keys in the train config are namespaced the same way; a user ``train_config`` key with such a
+prefix is refused (ValueError naming it) before anything is sent.
 
 Every wrapper also hands back the aggregate in the dtypes that were sent (Flower's FedAvg turns an integer entry such
 as BatchNorm's ``num_batches_tracked`` into a float64 mean; it is rounded back to the integer dtype).
@@ -30,8 +39,10 @@ the way out):
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
@@ -40,28 +51,37 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 from numpy.typing import NDArray
 
+from fedpdm_flower.fedapp import secagg
 from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.compression.codecs import Codec, codec_from_spec
-from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch
+from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch, norm_buffer_names
 from fedpdm_flower.fedapp.secagg import (  # the protocol's names, importable from here as before
     S_BUFFER,
     S_CLIP,
     S_DROPPED,
     S_INFO,
     S_LEVELS,
+    S_MAX_WEIGHT,
     S_MEMBERS,
     S_PHASE,
     S_RECORD,
     S_ROUND,
     S_RUN,
     S_SURVIVORS,
+    S_TAIL,
     S_THRESHOLD,
+    S_WEIGHT_KEY,
 )
 from fedpdm_flower.fedapp.wire import recorddict_nbytes
-from fedpdm_flower.strategies.base import arrays_of, client_error_text
+from fedpdm_flower.strategies.base import (
+    aggregate_metric_replies,
+    arrays_of,
+    client_error_text,
+    consistent_metric_replies,
+)
 from fedpdm_flower.strategies.secure import BufferSecAgg, SignedKey, Upload
 
 __all__ = ["Compressed", "Robust", "SecureBuffers", "StrategyWrapper", "vector_crc"]
@@ -98,7 +118,7 @@ def wrapped_chain(strategy: Strategy) -> list[Strategy]:
     return chain
 
 
-#: (outer, inner) pairs that cannot work, anywhere in a chain, and why (the README's composition table)
+#: (outer, inner) pairs that cannot work, anywhere in a chain, and why (docs/wrappers.md's composition table)
 _INVALID: list[tuple[str, str, str]] = [
     ("Robust", "SecureBuffers", "outside the buffers the updates are masked, and no robust rule can compare masked "
                                 "vectors; use SecureBuffers(Robust(...)) to aggregate the buffer means robustly"),
@@ -137,6 +157,11 @@ class StrategyWrapper(Strategy):
     #: this wrapper sends and receives; under another wrapper that is the outer layer's traffic (a buffer mean
     #: under SecureBuffers), so the outermost wrapper's figures are the wire's.
     bytes_prefix: str | None = "wrapper"
+    #: prefixes of the config keys this wrapper's protocol puts into train messages (a user key may not use them)
+    reserved_prefixes: tuple[str, ...] = ()
+    #: keep the model's normalisation buffers (BatchNorm statistics, :func:`fedpdm_flower.fedapp.layout.norm_buffer_names`)
+    #: beside the flat vector, as they are, instead of in it (Compressed: no codec or error memory may touch them)
+    BUFFERS_BESIDE = False
 
     def __init__(self, inner: Strategy, *, max_weight: float | None = None) -> None:
         if not isinstance(inner, Strategy):
@@ -149,15 +174,63 @@ class StrategyWrapper(Strategy):
         self.layout: ArrayLayout | None = None  # of the model sent this round
         self.weight_key = str(getattr(inner, "weighted_by_key", "num-examples"))
         self._round_stats: dict[str, float] = {}
+        self._own_diagnostics: dict[int, dict[str, float]] = {}
+        #: seconds each exchange of a round may take: the ``timeout`` of :meth:`start` (Flower's default before it)
+        self.run_timeout = 3600.0
 
     def __getattr__(self, name: str) -> Any:
         # the inner strategy's own members (privacy_spent, history, ...) stay reachable through the wrapper
-        if name in ("inner", "__setstate__"):
+        if name in ("inner", "__setstate__", "_own_diagnostics"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    @property
+    def diagnostics(self) -> dict[int, MetricRecord]:
+        """Round -> this wrapper's figures and those of every strategy it wraps (module docstring): bytes, buffers,
+        rejected replies, privacy. Never in the Result, which holds the clients' metrics only. The screens' counts
+        ("screen.rejected", "screen.evaluate_rejected") are summed over the chain."""
+        out: dict[int, dict[str, float]] = {}
+        for strategy in reversed(wrapped_chain(self)):  # innermost first: an outer wrapper's figure wins
+            if isinstance(strategy, StrategyWrapper):
+                own: Mapping[int, Mapping[str, Any]] = strategy._own_diagnostics
+            else:
+                own = getattr(strategy, "diagnostics", None) or {}
+            for rnd, figures in own.items():
+                merged = out.setdefault(rnd, {})
+                for k, v in figures.items():
+                    if not isinstance(v, int | float) or isinstance(v, bool):
+                        continue
+                    merged[k] = merged.get(k, 0.0) + float(v) if k.startswith("screen.") else float(v)
+        return {rnd: MetricRecord(dict(figures)) for rnd, figures in sorted(out.items())}
+
+    def record_diagnostics(self, server_round: int, figures: Mapping[str, float]) -> None:
+        """Add ``figures`` to this wrapper's diagnostics of ``server_round``."""
+        mine = self._own_diagnostics.setdefault(server_round, {})
+        for k, v in figures.items():
+            mine[k] = float(v)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Any = None) -> Result:
+        """Flower's ``Strategy.start`` on the wrapper; ``timeout`` also bounds the wrappers' own exchanges (keys,
+        unmask) and the user's ``train_config`` is checked against the wrappers' reserved keys before round 1."""
+        for strategy in wrapped_chain(self):
+            if isinstance(strategy, StrategyWrapper):
+                strategy.run_timeout = float(timeout)
+                strategy.check_user_config(train_config or {})
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+
+    def check_user_config(self, config: Mapping[str, Any]) -> None:
+        """Raise ValueError for a user config key in this wrapper's namespace (it would be read as, or stripped
+        with, the wrapper's protocol)."""
+        bad = sorted(k for k in config if k.startswith(self.reserved_prefixes))
+        if bad:
+            raise ValueError(f"train_config key(s) {bad} use the prefix(es) {list(self.reserved_prefixes)} that "
+                             f"{type(self).__name__} reserves for its protocol: rename them")
+
     # ------------------------------------------------------------------ Strategy API
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.check_user_config(config or {})
         messages = list(self.inner.configure_train(server_round, arrays, config, grid))
         self._round_stats = {}
         if messages:
@@ -170,7 +243,8 @@ class StrategyWrapper(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         kept = self.screen(server_round, replies)
         arrays, metrics = self.inner.aggregate_train(server_round, kept)
-        return self.restore_dtypes(arrays), _merge_metrics(metrics, self._round_stats)
+        self.record_diagnostics(server_round, self._round_stats)
+        return self.restore_dtypes(arrays), metrics
 
     def restore_dtypes(self, arrays: ArrayRecord | None) -> ArrayRecord | None:
         """The aggregate in the dtypes that were sent: Flower's FedAvg averages an integer entry (BatchNorm's
@@ -193,10 +267,42 @@ class StrategyWrapper(Strategy):
         return _record(out)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+        """The inner strategy's evaluate messages (the global model, dense, as Flower's FedAvg sends it)."""
+        messages = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
+        if messages and self.bytes_prefix is not None:
+            self.record_diagnostics(server_round, {f"{self.bytes_prefix}.evaluate_down_bytes": float(
+                sum(recorddict_nbytes(m.content) for m in messages))})
+        return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.inner.aggregate_evaluate(server_round, replies)
+        """The inner strategy's aggregation of the evaluate replies that pass :meth:`screen_evaluate`."""
+        return self.inner.aggregate_evaluate(server_round, self.screen_evaluate(server_round, replies))
+
+    def screen_evaluate(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The evaluate replies the inner strategy may see: error replies (Flower logs them) and those whose metrics
+        Flower's FedAvg can aggregate (one MetricRecord with a positive finite weight, at most ``max_weight``,
+        finite values, the round's keys; :func:`~fedpdm_flower.strategies.base.consistent_metric_replies`). The
+        others are dropped with a warning naming the node: in Flower's FedAvg one of them fails the whole run."""
+        replies = list(replies)
+        errors = [r for r in replies if r.has_error()]
+        items = [(i, r.content) for i, r in enumerate(replies) if not r.has_error()]
+        keep, bad = consistent_metric_replies(items, self.weight_key)
+        kept = {i for i, _ in keep}
+        if self.max_weight is not None:
+            for i, content in keep:
+                w = next(iter(content.metric_records.values()))[self.weight_key]
+                if float(w) > self.max_weight:  # type: ignore[arg-type]
+                    kept.discard(i)
+                    bad.append((i, f"metric {self.weight_key!r} = {w} exceeds max_weight = {self.max_weight:g}"))
+        for i, why in sorted(bad):
+            log(WARNING, "round %d: %s dropped the evaluate reply of node %s: %s", server_round, type(self).__name__,
+                replies[i].metadata.src_node_id, why)
+        if bad:
+            self.record_diagnostics(server_round, {"screen.evaluate_rejected": float(len(bad))})
+        if items and self.bytes_prefix is not None:
+            self.record_diagnostics(server_round, {f"{self.bytes_prefix}.evaluate_up_bytes": float(
+                sum(recorddict_nbytes(c) for _, c in items))})
+        return errors + [replies[i] for i in sorted(kept)]
 
     def summary(self) -> None:
         log(INFO, "%s around %s", type(self).__name__, type(self.inner).__name__)
@@ -211,7 +317,7 @@ class StrategyWrapper(Strategy):
         named = arrays_of(next(iter(message.content.array_records.values())))
         if self.layout is None or [(e.name, e.shape, e.dtype) for e in self.layout.entries] != [
                 (k, v.shape, v.dtype) for k, v in named.items()]:
-            self.layout = ArrayLayout.of(named)
+            self.layout = ArrayLayout.of(named, beside=norm_buffer_names(named) if self.BUFFERS_BESIDE else ())
 
     def check_reply(self, reply: Message) -> None:
         """Raise MalformedPayload unless the reply follows the convention with the model's layout and sane values."""
@@ -236,8 +342,11 @@ class StrategyWrapper(Strategy):
                 raise MalformedPayload(f"metric {k!r} is not finite")
 
     def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """The replies the inner strategy may see: error replies (Flower logs them) and well-formed ones."""
-        kept: list[Message] = []
+        """The replies the inner strategy may see: error replies (Flower logs them) and well-formed ones
+        (:meth:`check_reply`), whose metrics have the round's keys (the most common key set; Flower's FedAvg
+        raises ``InconsistentMessageReplies`` when one reply's keys differ)."""
+        errors: list[Message] = []
+        good: list[Message] = []
         rejected = 0
         replies = list(replies)
         if self.bytes_prefix is not None:
@@ -245,7 +354,7 @@ class StrategyWrapper(Strategy):
                                                                            for r in replies if not r.has_error()))
         for reply in replies:
             if reply.has_error():
-                kept.append(reply)
+                errors.append(reply)
                 continue
             try:
                 self.check_reply(reply)
@@ -254,9 +363,14 @@ class StrategyWrapper(Strategy):
                 log(WARNING, "round %d: %s rejected the reply of node %s: %s", server_round, type(self).__name__,
                     reply.metadata.src_node_id, err)
                 continue
-            kept.append(reply)
+            good.append(reply)
+        keep, bad = consistent_metric_replies(list(enumerate(r.content for r in good)), self.weight_key)
+        for i, why in bad:
+            rejected += 1
+            log(WARNING, "round %d: %s rejected the reply of node %s: %s", server_round, type(self).__name__,
+                good[i].metadata.src_node_id, why)
         self._round_stats["screen.rejected"] = self._round_stats.get("screen.rejected", 0.0) + rejected
-        return kept
+        return errors + [good[i] for i, _ in keep]
 
 
 class Compressed(StrategyWrapper):
@@ -271,6 +385,10 @@ class Compressed(StrategyWrapper):
     round: error feedback on the server) with the CRCs of r before and after; a client that is not known to hold r
     gets the new r densely. Without a downlink codec the model goes out dense. Either way every client trains from
     the same r, and its update is taken against it.
+
+    The model's normalisation buffers (BatchNorm running statistics, recognised by torch's names) and integer
+    entries are never coded: they travel as they are both ways, and the inner strategy averages them as it always
+    does. (Error feedback on a running statistic would re-send its change round after round and overshoot.)
 
     Parameters
     ----------
@@ -288,6 +406,10 @@ class Compressed(StrategyWrapper):
     """
 
     bytes_prefix = None  # counts its own bytes (compress.* / secure.*)
+    reserved_prefixes = ("compress.",)
+    #: a running statistic's change is not a step: error feedback would sum it round after round and overshoot
+    #: (a negative running variance; the FedREP + BatchNorm collapse of issue 23), so buffers travel as they are
+    BUFFERS_BESIDE = True
 
     def __init__(self, inner: Strategy, *, uplink: Codec | None = None, downlink: Codec | None = None,
                  seed: int | None = None, max_weight: float | None = None) -> None:
@@ -313,6 +435,7 @@ class Compressed(StrategyWrapper):
 
     # ------------------------------------------------------------------ downlink
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.check_user_config(config or {})
         messages = list(self.inner.configure_train(server_round, arrays, config, grid))
         self._round_stats = {"compress.down_bytes": 0.0, "compress.down_dense_bytes": 0.0,
                              "compress.up_bytes": 0.0, "compress.up_dense_bytes": 0.0}
@@ -443,20 +566,53 @@ class SecureBuffers(StrategyWrapper):
     threshold
         t, survivors a buffer needs to be unmasked (default s // 2 + 1); 2t > s and t >= 2 (devices refuse less).
     clip, levels
-        The fixed-point code of the masked updates (default: [-8, 8] in 2^22 levels, step 3.8e-6): an update
-        coordinate beyond +-clip is clipped.
+        The fixed-point code of the masked updates (default: [-8, 8] in 2^22 levels, step 3.8e-6): a (weighted)
+        update coordinate beyond +-clip is clipped; the devices count such coordinates and the round's total is
+        reported ("secure.clipped_coordinates" in :attr:`diagnostics`, and a warning), never silently.
+    max_weight
+        W, the weight (``num-examples``) the devices scale their updates by (Flower's SecAgg+ ``max_weight``, same
+        default 1000): a device masks ``(n_k / W)(w_k - w)``, so a buffer's sum divided by the sum of the ratios is the
+        weighted mean FedAvg takes. An update of a device with n_k > W loses fixed-point range (its coordinates
+        clip at ``+-clip W / n_k``, counted); a W far above the devices' weights costs precision (the step
+        ``3.8e-6 W / n_k``). Set it to the largest local dataset you expect.
     seed
         None (default): buffers from the OS CSPRNG. An integer: a reproducible, predictable assignment (weaker;
         logged).
+    timeout
+        Seconds each of the wrapper's own exchanges (keys, unmask) may take; None (default): ``start``'s timeout.
+
+    Notes
+    -----
+    **Weights and metrics stay FedAvg's, inside the masks.** Each device appends to its masked update, in an exact
+    fixed-point code (:func:`fedpdm_flower.fedapp.secagg.encode_exact`), its weight n_k and its weighted train
+    metrics n_k m_k (the metric names travel in the clear). A buffer's unmasked sum then gives its total weight, its
+    weighted mean update and its weighted mean metrics, and the inner strategy gets one reply per buffer carrying
+    those, with the buffer's total weight. Flower's FedAvg over the buffers is therefore FedAvg over the clients,
+    model and ``Result.train_metrics_clientapp`` alike (up to the quantization step); the server never sees one
+    client's weight or metrics. Evaluate messages and replies are Flower's, in the clear (as under Flower's SecAgg+,
+    which secures only the fit exchange).
+
+    A device states its own weight, and inside the masks nobody can check it: one device claiming a huge
+    ``num-examples`` dominates its buffer's mean and, under a weighted inner strategy, the buffer's weight. Against
+    Byzantine devices put :class:`Robust` inside (``SecureBuffers(Robust(FedAvg(...)), ...)``): it aggregates the
+    buffer means unweighted and robustly.
     """
 
     bytes_prefix = None  # counts its own bytes (compress.* / secure.*)
+    reserved_prefixes = ("secure.", "ddp.")
+    #: the model mean is weighted by the devices' weights (False: unweighted, DistributedDP's clipped updates)
+    weighted_model = True
 
     def __init__(self, inner: Strategy, buffer_size: int = 4, *, threshold: int | None = None, clip: float = 8.0,
-                 levels: int = 2**22, seed: int | None = None, timeout: float = 600.0) -> None:
+                 levels: int = 2**22, seed: int | None = None, timeout: float | None = None,
+                 max_weight: float = 1000.0) -> None:
         from fedpdm_flower.fedapp import secagg
 
         super().__init__(inner)
+        if isinstance(max_weight, bool) or not isinstance(max_weight, int | float) or not (
+                math.isfinite(max_weight) and max_weight > 0):
+            raise ValueError(f"max_weight must be a finite number > 0, got {max_weight!r}")
+        self.weight_scale = float(max_weight)
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 2:
             raise ValueError(f"buffer_size must be an integer >= 2, got {buffer_size!r}")
         t = buffer_size // 2 + 1 if threshold is None else threshold
@@ -466,14 +622,17 @@ class SecureBuffers(StrategyWrapper):
             raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
         secagg._check_capacity(2 * buffer_size, levels)
         self.buffer_size, self.threshold, self.clip, self.levels = buffer_size, t, float(clip), int(levels)
-        self.timeout = float(timeout)
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        self.timeout = None if timeout is None else float(timeout)
         if seed is not None:
             log(WARNING, "SecureBuffers(seed=%d): buffers are reproducible and predictable from the seed (weaker than "
                 "the default OS CSPRNG)", seed)
         import secrets
 
         self._buffer_rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
-        self.secure = BufferSecAgg(threshold=t, clip=clip, levels=levels)
+        # the tail (encode_exact) carries the clipped-coordinate count: no encode_counted entry as well
+        self.secure = BufferSecAgg(threshold=t, clip=clip, levels=levels, count_clipped=False)
         self._grid: Grid | None = None
         self._round: dict[str, Any] = {}
 
@@ -488,9 +647,14 @@ class SecureBuffers(StrategyWrapper):
         return self.secure.keys
 
     def summary(self) -> None:
-        log(INFO, "SecureBuffers: s=%d t=%d clip=%g levels=%d", self.buffer_size, self.threshold, self.clip,
-            self.levels)
+        log(INFO, "SecureBuffers: s=%d t=%d clip=%g levels=%d max_weight=%g", self.buffer_size, self.threshold,
+            self.clip, self.levels, self.weight_scale)
         super().summary()
+
+    @property
+    def exchange_timeout(self) -> float:
+        """Seconds each key / unmask exchange may take (``timeout``, else ``start``'s)."""
+        return self.timeout if self.timeout is not None else self.run_timeout
 
     # ------------------------------------------------------------------ round: keys, buffers, masked train
     def _exchange(self, server_round: int, contents: Mapping[int, RecordDict]) -> dict[int, Message]:
@@ -501,7 +665,7 @@ class SecureBuffers(StrategyWrapper):
         self._round_stats["secure.down_bytes"] = self._round_stats.get("secure.down_bytes", 0.0) + sum(
             recorddict_nbytes(c) for c in contents.values())
         got: dict[int, Message] = {}
-        for reply in self._grid.send_and_receive(msgs, timeout=self.timeout):
+        for reply in self._grid.send_and_receive(msgs, timeout=self.exchange_timeout):
             if not reply.has_error():
                 self._round_stats["secure.up_bytes"] = (self._round_stats.get("secure.up_bytes", 0.0)
                                                         + recorddict_nbytes(reply.content))
@@ -550,6 +714,9 @@ class SecureBuffers(StrategyWrapper):
         for b, members in enumerate(buffers):
             try:
                 extra, peers = self.secure.mask_config(server_round, b, members)
+                extra[S_WEIGHT_KEY] = self.weight_key
+                if self.weighted_model:
+                    extra[S_MAX_WEIGHT] = self.weight_scale
                 extra.update(self.mask_extra(server_round, members))
             except ValueError as err:
                 log(WARNING, "round %d: buffer %d is skipped: %s", server_round, b, err)
@@ -577,13 +744,35 @@ class SecureBuffers(StrategyWrapper):
         return secagg.dequantize(total, count, self.clip, self.levels)
 
     # ------------------------------------------------------------------ masked uploads -> buffer means
+    def _declaration(self, reply: Message) -> tuple[tuple[str, int], ...]:
+        """The metric names and list lengths a masked upload declares it carries (record ``secure-tail``)."""
+        raw = reply.content.config_records[S_TAIL]["metrics"]
+        items = json.loads(str(raw))
+        if not isinstance(items, list) or len(items) > 4096:
+            raise MalformedPayload("the tail declaration must be a JSON list of [name, length] pairs")
+        out = []
+        for item in items:
+            if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
+                    or isinstance(item[1], bool) or not isinstance(item[1], int) or not -1 <= item[1] <= 4096
+                    or item[1] == 0):
+                raise MalformedPayload(f"malformed tail declaration entry {item!r}")
+            out.append((item[0], int(item[1])))
+        if [n for n, _ in out] != sorted({n for n, _ in out}) or self.weight_key in {n for n, _ in out}:
+            raise MalformedPayload("the tail declaration must name distinct metrics, sorted, without the weight")
+        return tuple(out)
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Unmask each buffer's sum, decode its weighted mean update and metrics, hand the inner strategy one reply
+        per buffer (class notes)."""
         by_node = {r.metadata.src_node_id: r for r in replies}
         assert self.layout is not None
+        dim = self.layout.dim
         uploads: dict[int, Upload] = {}
         buffers: dict[int, list[int]] = {}
+        declared: dict[int, tuple[tuple[str, int], ...]] = {}
         for b, members in enumerate(self._round.get("buffers", [])):
             buffers[b] = members
+            parsed: dict[int, tuple[Upload, tuple[tuple[str, int], ...]]] = {}
             for n in members:
                 reply = by_node.get(n)
                 if reply is None or reply.has_error():
@@ -591,9 +780,27 @@ class SecureBuffers(StrategyWrapper):
                 self._round_stats["secure.up_bytes"] = (self._round_stats.get("secure.up_bytes", 0.0)
                                                         + recorddict_nbytes(reply.content))
                 try:
-                    uploads[n] = self.secure.parse_upload(reply.content, n, members, self.layout.dim)
+                    decl = self._declaration(reply)
+                    parsed[n] = (self.secure.parse_upload(reply.content, n, members, dim + secagg.tail_size(decl)),
+                                 decl)
                 except (MalformedPayload, KeyError, ValueError, TypeError) as err:
                     log(WARNING, "round %d: buffer %d: node %s sent a malformed upload: %s", server_round, b, n, err)
+            if not parsed:
+                continue
+            # the buffer's uploads must carry the same metrics to be summed: the most common declaration wins (ties:
+            # the smallest node id's); a member declaring others is left out as if it had dropped (its update stays
+            # behind its self-mask)
+            counts = Counter(d for _, d in parsed.values())
+            top = max(counts.values())
+            majority = next(parsed[n][1] for n in sorted(parsed) if counts[parsed[n][1]] == top)
+            for n, (upload, decl) in parsed.items():
+                if decl == majority:
+                    uploads[n] = upload
+                else:
+                    self._round_stats["screen.rejected"] = self._round_stats.get("screen.rejected", 0.0) + 1
+                    log(WARNING, "round %d: buffer %d: node %s carries metrics %s, its buffer-mates %s: left out",
+                        server_round, b, n, [k for k, _ in decl], [k for k, _ in majority])
+            declared[b] = majority
         plan = self.secure.plan_unmask(server_round, buffers, uploads)
         for b, why in plan.discarded.items():
             log(WARNING, "round %d: buffer %d has %s: discarded", server_round, b, why)
@@ -605,25 +812,65 @@ class SecureBuffers(StrategyWrapper):
         for b, why in failed.items():
             log(WARNING, "round %d: buffer %d could not be unmasked and is discarded: %s", server_round, b, why)
         decoded: list[Message] = []
+        clipped = 0.0
         for buffer in plan.buffers:
             if buffer.buffer_id not in sums:
                 continue
             total, count = sums[buffer.buffer_id]
             try:
-                mean = self.decode_sum(total, count)
+                weight, means, clip_count = secagg.read_tail(secagg.decode_exact(total[dim:], count),
+                                                             declared[buffer.buffer_id])
+                mean = self.decode_update(total[:dim], count, weight)
             except ValueError as err:
                 log(WARNING, "round %d: buffer %d is discarded: %s", server_round, buffer.buffer_id, err)
                 failed[buffer.buffer_id] = str(err)
                 continue
+            clipped += clip_count
             model = self.layout.unflatten(self._round["sent"] + mean, self._round["carried"])
             reply = by_node[buffer.survivors[0]]
             reply.content = RecordDict({self._round["key"]: _record(model),
-                                        "metrics": MetricRecord({self.weight_key: count})})
+                                        "metrics": MetricRecord(self.buffer_metrics(means, weight, count))})
             decoded.append(reply)
+        if clipped:
+            log(WARNING, "round %d: %d update coordinate(s) fell outside the fixed-point range +-%g and were clipped "
+                "(raise SecureBuffers' clip, or max_weight if devices hold more than %g examples)", server_round,
+                int(clipped), self.clip, self.weight_scale)
         self._round_stats.update({"secure.buffers": float(len(decoded)),
                                   "secure.buffers_discarded": float(len(plan.discarded) + len(failed)),
-                                  "secure.dropped": float(plan.dropped)})
-        return super().aggregate_train(server_round, decoded)
+                                  "secure.dropped": float(plan.dropped), "secure.clipped_coordinates": clipped})
+        arrays, metrics = super().aggregate_train(server_round, decoded)
+        if not self.weighted_model and decoded:  # the model mean is unweighted; the metrics stay FedAvg's
+            metrics = aggregate_metric_replies([_reweighted(r.content, self.weight_key) for r in decoded
+                                                if not r.has_error()], self.weight_key,
+                                               getattr(self.inner, "train_metrics_aggr_fn", None))
+        return arrays, metrics
+
+    def buffer_metrics(self, means: Mapping[str, Any], weight: float, count: int) -> dict[str, Any]:
+        """The metrics of a buffer's reply to the inner strategy: the weighted means and the buffer's total weight
+        (FedAvg then weighs the buffer by it). DistributedDP weighs the model by the survivors' count instead."""
+        return {**means, self.weight_key: _weight_value(weight)}
+
+    def decode_update(self, total: NDArray[np.uint32], count: int, weight: float) -> FloatArray:
+        """The buffer's mean update from its survivors' sum: weighted, ``sum_k (n_k / W) u_k / sum_k (n_k / W)``
+        (:meth:`decode_sum` gives the mean of the scaled updates)."""
+        return self.decode_sum(total, count) * count * self.weight_scale / weight
+
+
+def _weight_value(weight: float) -> int | float:
+    """A decoded total weight as the clients gave theirs: an integer when it is one (``num-examples``)."""
+    return round(weight) if abs(weight - round(weight)) < 1e-6 and abs(weight) < 2**53 else float(weight)
+
+
+def _reweighted(content: RecordDict, weight_key: str) -> RecordDict:
+    """A buffer reply whose metrics are weighted by the buffer's total weight (kept under ``weight_key`` beside the
+    survivors' count that DistributedDP's unweighted model mean uses)."""
+    m = dict(next(iter(content.metric_records.values())))
+    m[weight_key] = m.pop(_TOTAL_WEIGHT, m.get(weight_key, 1))
+    return RecordDict({"metrics": MetricRecord(m)})
+
+
+#: metric of a DistributedDP buffer reply holding the buffer's total weight (its weight key holds the survivors)
+_TOTAL_WEIGHT = "secure.total-weight"
 
 
 # ------------------------------------------------------------------------------------------------------ Robust
@@ -702,4 +949,5 @@ class Robust(StrategyWrapper):
             self._round_stats.update({"robust.inputs": float(len(ok)), "robust.update_norm": float(np.linalg.norm(update)),
                                       "robust.mean_update_norm": float(np.linalg.norm(rows.mean(axis=0)))})
         arrays, metrics = self.inner.aggregate_train(server_round, kept)
-        return self.restore_dtypes(arrays), _merge_metrics(metrics, self._round_stats)
+        self.record_diagnostics(server_round, self._round_stats)
+        return self.restore_dtypes(arrays), metrics

@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 class Net(nn.Module):
     """A small CNN for 28x28 grey images: one strided convolution and a linear read-out, quick to train with plain
-    SGD steps. No BatchNorm: DPQ-DSGD noises, quantizes and mixes every entry of the state dict, so it must hold
-    trainable weights only."""
+    SGD steps. No BatchNorm: this run adds privacy noise to every message, and a private run refuses BatchNorm's
+    running statistics (data-dependent state outside the privacy analysis), as Opacus's validator does."""
 
     def __init__(self) -> None:
         super().__init__()

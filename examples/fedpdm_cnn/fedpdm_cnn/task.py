@@ -13,7 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Net(nn.Module):
-    """A small CNN for 28x28 grey images (no BatchNorm: the primal-dual client sets all weights every step)."""
+    """A small CNN for 28x28 grey images. No BatchNorm, because this app can run with DP noise (run config
+    epsilon > 0), and a private round refuses BatchNorm's running statistics, as Opacus's validator does; without
+    noise a BatchNorm CNN trains as well (docs/models-and-data.md)."""
 
     def __init__(self) -> None:
         super().__init__()

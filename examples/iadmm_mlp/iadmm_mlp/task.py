@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Net(nn.Module):
-    """A small MLP for flattened 28x28 grey images (no BatchNorm: the ADMM client sets all weights every step)."""
+    """A small MLP for flattened 28x28 grey images (no BatchNorm: every local solve here is differentially private,
+    and a private round refuses BatchNorm's running statistics, as Opacus's validator does)."""
 
     def __init__(self, hidden: int = 16) -> None:
         super().__init__()

@@ -70,10 +70,11 @@ def main(grid: Grid, context: Context) -> None:
                             num_rounds=int(rc["num-server-rounds"]), evaluate_fn=central_eval)
     net.load_state_dict(result.arrays.to_torch_state_dict())
     loss, acc = evaluate(net, test)
-    # the wrappers' per-round figures (bytes both ways, buffers, robust inputs), summed over the rounds
+    # the wrappers' per-round figures (bytes both ways, buffers, robust inputs), summed over the rounds: they are in
+    # the wrappers' diagnostics, while the Result holds what Flower's FedAvg puts there (the clients' metrics)
     totals: dict[str, float] = {}
-    for metrics in result.train_metrics_clientapp.values():
-        for k, v in metrics.items():
+    for figures in getattr(strategy, "diagnostics", {}).values():
+        for k, v in figures.items():
             if "." in k and isinstance(v, int | float):
                 totals[k] = totals.get(k, 0.0) + float(v)
     last = result.train_metrics_clientapp[max(result.train_metrics_clientapp)] if result.train_metrics_clientapp else {}

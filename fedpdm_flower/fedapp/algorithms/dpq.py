@@ -568,10 +568,11 @@ class TorchObjective(_DataObjective):
     Parameters
     ----------
     model
-        The module behind :class:`fedpdm_flower.fedapp.models.torch_model.TorchModel` (with its loss). It must be **buffer-free**:
-        DPQ-DSGD noises, quantizes and mixes every coordinate of x, and its update (6) moves x by a gradient; a
-        floating-point buffer (BatchNorm's running statistics) has no gradient, would be overwritten from the mixed
-        noisy messages, and is data-dependent state outside the privacy analysis. Use GroupNorm / LayerNorm.
+        The module behind :class:`fedpdm_flower.fedapp.models.torch_model.TorchModel` (with its loss), its buffers
+        **beside** x: DPQ-DSGD noises, quantizes and mixes every coordinate of x, and its update (6) moves x by a
+        gradient; a floating-point buffer (BatchNorm's running statistics) has no gradient and is data-dependent
+        state outside the privacy analysis, so it must not be a coordinate of x (the node keeps it,
+        :mod:`fedpdm_flower.clients.dpq`).
     data
         Node i's samples (:class:`fedpdm_flower.fedapp.localdata.LocalData`), read by index for the minibatch B_{i,k}.
 
@@ -580,11 +581,11 @@ class TorchObjective(_DataObjective):
     """
 
     def __init__(self, model: TorchModel, data: LocalData) -> None:
-        if model.has_float_buffers or model.dim != model.num_trainable:
+        if model.dim != model.num_trainable:
             raise ValueError(
-                f"DPQ-DSGD needs a buffer-free model: x (noised, quantized and mixed every iteration) must be exactly "
-                f"the trainable weights, but the model has floating-point buffers {model.buffer_names[:3]} "
-                "(BatchNorm running statistics): replace BatchNorm with GroupNorm or LayerNorm")
+                f"DPQ-DSGD's x (noised, quantized and mixed every iteration) must be exactly the trainable weights, "
+                f"but this model keeps floating-point buffers {model.buffer_names[:3]} in x: build the TorchModel "
+                "with buffers='beside'")
         self.model = model
         self.data = data
         self.last_loss = float("nan")

@@ -10,7 +10,8 @@ Federated Learning" (arXiv 2303.05206; spec ``shared/specs/fedrep.md``).
       m^{t+1,j+1} = beta m^{t+1,j} + (1 - beta) grad f_i(w^{t+1,j}),     w^{t+1,j+1} = w^{t+1,j} - eta m^{t+1,j+1}
 
 * Error compensation (Alg. 2): g_k^t = u_k^t + (w^t - w_k^{t+1}); ConSpar keeps g on the agreed set I^t and
-  u_k^{t+1} = g_k^t - g~_k^t (:mod:`fedpdm_flower.fedapp.compression.conspar`).
+  u_k^{t+1} = g_k^t - g~_k^t (:mod:`fedpdm_flower.fedapp.compression.conspar`). [OURS] The coordinates of buffers
+  (BatchNorm's running statistics, :func:`buffer_indices`) are in I^t every round and have no error memory.
 * Server step (Alg. 1 last line): w^{t+1} = w^t - G~^t, no server learning rate; the model is float32 on both
   ends, and :func:`model_crc` proves that a client's copy is the server's.
 * Data order (spec 11.13, our reading): per-client shuffled passes over the local data, one fresh seeded
@@ -25,7 +26,7 @@ other floating-point entry, spec 11.2), the data anything with ``len(data)`` and
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray
+from fedpdm_flower.fedapp.layout import NORM_BUFFERS, ArrayLayout, FloatArray
 
 if TYPE_CHECKING:
     from fedpdm_flower.fedapp.localdata import LocalData
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NORM_BUFFERS",
     "LocalResult",
+    "buffer_indices",
     "learning_rate",
     "local_momentum_sgd",
     "model_crc",
@@ -50,8 +52,20 @@ __all__ = [
     "trainable_count",
 ]
 
-#: state-dict suffixes of torch's normalisation buffers (running statistics: in w, but not trained)
-NORM_BUFFERS = ("running_mean", "running_var")
+
+def buffer_indices(layout: ArrayLayout, names: Iterable[str] | None = None) -> NDArray[np.int64]:
+    """The coordinates of w that hold buffers: the entries named ``names`` (a device knows its buffers), or, for a
+    server that holds only the state dict's names, torch's normalisation buffers (:data:`NORM_BUFFERS`).
+
+    FedREP sends them on every round, outside ConSpar's proposals, and keeps no error memory on them: a running
+    statistic's change ``w^t - w_k^{t+1}`` is the distance to the device's statistics, not a step, so summing the
+    changes of rounds it was not sent (error feedback) counts that distance once per round and overshoots -- a
+    running variance driven below zero makes every evaluation NaN (the BatchNorm collapse of issue 23).
+    """
+    wanted = set(names) if names is not None else None
+    parts = [np.arange(e.offset, e.offset + e.size, dtype=np.int64) for e in layout.entries if e.offset is not None
+             and (e.name in wanted if wanted is not None else e.name.endswith(NORM_BUFFERS))]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def next_batch(n: int, batch_size: int, cursor: int, permutation: Callable[[int], NDArray[np.int64]]) -> tuple[NDArray[np.int64], int]:

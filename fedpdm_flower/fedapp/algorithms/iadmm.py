@@ -76,7 +76,7 @@ BACKEND_VAR = "FEDAPP_IADMM_BACKEND"
 def backend() -> str:
     """``"torch"`` when torch is installed (its float64 products measured 1.45x faster here), else ``"numpy"``; the
     environment variable ``FEDAPP_IADMM_BACKEND=numpy`` forces numpy, e.g. on a small device that has torch but not
-    the memory for it (about 300 MB more resident, README "Device guide"). Both compute the same float64 math; their
+    the memory for it (about 300 MB more resident, docs/deployment.md "Device guide"). Both compute the same float64 math; their
     results differ by rounding only (different BLAS reductions)."""
     import importlib.util
     import os

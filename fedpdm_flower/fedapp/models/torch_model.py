@@ -1,25 +1,32 @@
 """A user's torch ``nn.Module`` seen as the flat vector x of :class:`fedpdm_flower.fedapp.layout.ArrayLayout`.
 
 The layout is the module's ``state_dict`` order, so ``ArrayRecord(net.state_dict())`` on the server and this
-adapter on the client agree on what coordinate j of x is. Floating-point parameters and buffers are in x; integer
-buffers (BatchNorm's ``num_batches_tracked``) are carried unchanged.
+adapter on the client agree on what coordinate j of x is. What x holds depends on ``buffers``:
+
+* ``"beside"`` (default): x is the module's floating-point **parameters**; its buffers -- BatchNorm's running
+  statistics and ``num_batches_tracked``, any registered buffer -- are state beside x (:meth:`TorchModel.get_buffers`
+  / :meth:`TorchModel.set_buffers`): the forward passes of training update them as the module's own code says, the
+  algorithm never moves them, and they travel in their own record (:mod:`fedpdm_flower.clients.base`);
+* ``"in-vector"``: floating-point buffers are coordinates of x too (FedREP's w, spec 11.2), integer buffers are
+  carried beside.
 
 Two views of training, for the two kinds of local solver in this project:
 
 * **numpy-style** (FedPDM, the local-SGD baselines, IADMM, DPQ-DSGD): :meth:`TorchModel.grad` loads x into the
-  module and returns the flat gradient of the user's loss on a mini-batch as a float64 numpy vector, with zeros on
-  buffer coordinates (a buffer is not a trained variable). The solver does its arithmetic on x;
+  module and returns the flat gradient of the user's loss on a mini-batch as a float64 numpy vector (zeros on any
+  buffer coordinate of x: a buffer is not a trained variable). The solver does its arithmetic on x;
 * **in-place** (FedREP's momentum SGD): :meth:`batch_gradient` / :meth:`add_to_trainable` work on the module's
   parameters directly (torch tensors over the trainable entries, in state-dict order), and :meth:`get_flat` reads
-  the result back -- including buffers that the forward passes updated (BatchNorm running statistics).
+  the result back -- including buffers that the forward passes updated when they are in x.
 
-The model is the user's; we never change its architecture. Tied (shared) parameters appear twice in a state dict
-and are refused with a clear error.
+The model is the user's; we never change its architecture, and it stays on the device the user put it on (CPU,
+CUDA, ...): the batches are moved to it, the flat vector is read back to the host. Tied (shared) parameters appear
+twice in a state dict and are refused with a clear error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,7 +36,17 @@ from torch import nn
 
 from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray
 
-__all__ = ["TorchModel"]
+__all__ = ["BUFFER_MODES", "TorchModel"]
+
+#: where a model's floating-point buffers live: beside x (default) or in it (FedREP)
+BUFFER_MODES = ("beside", "in-vector")
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of the module's first parameter (or buffer); CPU for a module with neither."""
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    return torch.device("cpu")
 
 
 def _to_tensor(value: Any, device: torch.device, *, floating: bool) -> torch.Tensor:
@@ -58,11 +75,15 @@ class TorchModel:
         ``nn.CrossEntropyLoss()``). The DP sensitivities of this project bound the norm of this loss's gradient by
         clipping; any differentiable loss works.
     device
-        Where the forward and backward passes run (default "cpu").
+        Where the forward and backward passes run. None (default): where the module already is (the device of its
+        first parameter); the module is not moved. A device moves the module there.
     eval_batch
         Samples per forward pass in :meth:`loss` / :meth:`accuracy` (default 1024).
     input_transform
         Optional map applied to each input batch before the forward pass (e.g. reshaping flat features).
+    buffers
+        ``"beside"`` (default): x holds the parameters only, buffers are state beside it; ``"in-vector"``: the
+        floating-point buffers are coordinates of x too (module docstring).
     """
 
     def __init__(
@@ -70,14 +91,20 @@ class TorchModel:
         module: nn.Module,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         eval_batch: int = 1024,
         input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        buffers: str = "beside",
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"expected a torch nn.Module, got {type(module).__name__}")
-        self.device = torch.device(device)
-        self.module = module.to(self.device)
+        if buffers not in BUFFER_MODES:
+            raise ValueError(f"buffers must be one of {list(BUFFER_MODES)}, got {buffers!r}")
+        if device is None:  # the user's device: the module stays where it is
+            self.device, self.module = module_device(module), module
+        else:
+            self.device = torch.device(device)
+            self.module = module.to(self.device)
         self.loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
         self.eval_batch = int(eval_batch)
         self.input_transform = input_transform
@@ -89,8 +116,13 @@ class TorchModel:
                 raise ValueError(f"state-dict entries {seen[key]!r} and {name!r} are the same (tied) tensor: "
                                  "tied parameters are not supported, untie them or train one copy")
             seen[key] = name
-        self.layout = ArrayLayout.of({k: v.detach().cpu().numpy() for k, v in state.items()})
-        # (tensor, slice of x) for every floating-point entry, in layout order
+        #: floating-point buffers (BatchNorm running statistics): data-dependent state outside the gradient
+        self.buffer_names = [k for k, t in state.items()
+                             if not isinstance(t, nn.Parameter) and torch.is_floating_point(t)]
+        self.buffers_mode = buffers
+        self.layout = ArrayLayout.of({k: v.detach().cpu().numpy() for k, v in state.items()},
+                                     beside=self.buffer_names if buffers == "beside" else ())
+        # (tensor, slice of x) for every entry of x, in layout order
         self._slots = [(state[e.name], slice(e.offset, e.offset + e.size))
                        for e in self.layout.entries if e.offset is not None]
         self._params = [t for t, _ in self._slots if isinstance(t, nn.Parameter)]
@@ -99,9 +131,8 @@ class TorchModel:
         #: the mean loss of the last records :meth:`per_sample_grads` / :meth:`clipped_grad_sum` saw (nan before)
         self.last_batch_loss = float("nan")
         self._psg: tuple[dict[str, torch.Tensor], Any] | None = None  # the vmapped per-sample gradient function
-        #: float buffers (BatchNorm running statistics): data-dependent state outside the gradient
-        self.buffer_names = [e.name for (t, _), e in zip(self._slots, (e for e in self.layout.entries if e.in_vector),
-                                                          strict=True) if not isinstance(t, nn.Parameter)]
+        #: the state-dict entries beside x (buffers and integer entries), by name
+        self._beside = {e.name: state[e.name] for e in self.layout.entries if not e.in_vector}
 
     @property
     def dim(self) -> int:
@@ -112,6 +143,45 @@ class TorchModel:
     def has_float_buffers(self) -> bool:
         """True when the module has floating-point buffers (e.g. BatchNorm running statistics)."""
         return bool(self.buffer_names)
+
+    # ------------------------------------------------------------------ state beside x
+    @property
+    def beside_names(self) -> list[str]:
+        """The state-dict entries beside x (buffers, integer entries), in state-dict order."""
+        return list(self._beside)
+
+    def get_buffers(self) -> dict[str, NDArray[Any]]:
+        """The entries beside x as numpy arrays (copies, on the host), in state-dict order."""
+        return {k: t.detach().cpu().numpy().copy() for k, t in self._beside.items()}
+
+    def set_buffers(self, arrays: Mapping[str, NDArray[Any]]) -> None:
+        """Load the entries beside x (all of them, by name) into the module, cast to each tensor's dtype.
+
+        Raises ValueError naming the entry for a missing or unknown name, a wrong shape or a non-finite value (the
+        arrays come from a message: untrusted).
+        """
+        names = list(arrays)
+        if sorted(names) != sorted(self._beside):
+            missing = sorted(set(self._beside) - set(names))
+            extra = sorted(set(names) - set(self._beside))
+            raise ValueError(f"the model's buffers are {list(self._beside)[:6]}; got {names[:6]} (missing {missing}, "
+                             f"unknown {extra})")
+        values = {}
+        for name, t in self._beside.items():
+            a = np.asarray(arrays[name])
+            if tuple(a.shape) != tuple(t.shape):
+                raise ValueError(f"buffer {name!r} has shape {tuple(a.shape)}, the model's {tuple(t.shape)}")
+            if a.dtype == object or (not np.issubdtype(a.dtype, np.number) and a.dtype != np.bool_):
+                raise ValueError(f"buffer {name!r} has dtype {a.dtype}: not numeric")
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"buffer {name!r} holds NaN or infinite values")
+            if not torch.is_floating_point(t) and np.issubdtype(a.dtype, np.floating):
+                a = np.rint(a)  # a mean of integer counters: the nearest integer
+            values[name] = a
+        with torch.no_grad():
+            for name, t in self._beside.items():
+                src = torch.from_numpy(np.ascontiguousarray(values[name])).reshape(t.shape)
+                t.copy_(src.to(device=t.device, dtype=t.dtype))
 
     # ------------------------------------------------------------------ flat vector <-> module
     def state_arrays(self) -> dict[str, NDArray[Any]]:
@@ -271,6 +341,30 @@ class TorchModel:
         loss = float(self.loss_fn(out, y))
         acc = float((out.argmax(dim=1) == y).double().mean()) if out.dim() == 2 and not torch.is_floating_point(y) else float("nan")
         return acc, loss
+
+    def evaluate_chunks(self, x: NDArray[Any] | None, chunks: Iterable[tuple[Any, Any]]) -> tuple[float, float, int]:
+        """(accuracy, mean loss, samples) in eval mode over ``(inputs, targets)`` chunks, holding one chunk at a time.
+
+        x None evaluates the module's current weights. The loss is ``loss_fn``'s mean of each chunk weighted by its
+        size; the accuracy is NaN unless every chunk is a classification (2-d outputs, integer targets).
+        """
+        if x is not None:
+            self.set_flat(x)
+        self.module.eval()
+        loss_sum, correct, n, classify = 0.0, 0, 0, True
+        with torch.no_grad():
+            for features, labels in chunks:
+                out, y = self.module(self.inputs(features)), self.targets(labels)
+                m = len(y)
+                loss_sum += float(self.loss_fn(out, y)) * m
+                if out.dim() == 2 and not torch.is_floating_point(y):
+                    correct += int((out.argmax(dim=1) == y).sum())
+                else:
+                    classify = False
+                n += m
+        if n == 0:
+            raise ValueError("no samples to evaluate on")
+        return (correct / n if classify else float("nan")), loss_sum / n, n
 
     def loss(self, x: NDArray[Any], features: Any, labels: Any) -> float:
         """Mean loss of x on the given samples (eval mode)."""

@@ -8,9 +8,10 @@ server's central evaluation (:class:`fedpdm_flower.fedapp.task.Evaluator`) and t
 
 What is in w [spec fedrep.md 11.2, our reading]: every floating-point entry of the module's state dict, in its
 order -- the trainable parameters and the floating-point buffers (BatchNorm running mean / variance;
-``num_batches_tracked`` is an integer and stays local). BN statistics thus travel through the same pipeline as
-weights (update = difference, sparsified, securely and robustly aggregated), which keeps them private and robust
-too; ConSpar's budget K is computed from the trainable count (``num_trainable``). For a network without buffers
+``num_batches_tracked`` is an integer and stays local). BN statistics thus travel through the same secure and robust
+pipeline as weights, which keeps them private and robust too -- but FedREP sends their coordinates every round and
+keeps no error memory on them (:func:`fedpdm_flower.fedapp.algorithms.fedrep.buffer_indices`); ConSpar's budget K is
+computed from the trainable count (``num_trainable``). For a network without buffers
 (LeNet-5, the CNN) the state-dict order is the order of ``parameters()``.
 """
 
@@ -61,9 +62,14 @@ class TorchNet(TorchModel):
         dropped): must hold the model's input shape.
     eval_batch
         Batch size of :meth:`accuracy` / :meth:`loss` (default 1000).
+    buffers
+        Where the floating-point buffers live (:class:`~fedpdm_flower.fedapp.models.torch_model.TorchModel`); default
+        ``"in-vector"``: in w, the reproduction's reading of spec fedrep.md 11.2 (module docstring). Only ResNet-20
+        has buffers, and only FedREP trains it here.
     """
 
-    def __init__(self, name: str, num_classes: int, num_features: int, *, eval_batch: int = 1000) -> None:
+    def __init__(self, name: str, num_classes: int, num_features: int, *, eval_batch: int = 1000,
+                 buffers: str = "in-vector") -> None:
         if name not in TORCH_MODELS:
             raise ValueError(f"unknown torch model {name!r}; valid: {', '.join(TORCH_MODELS)}")
         path, shape = TORCH_MODELS[name]
@@ -78,4 +84,4 @@ class TorchNet(TorchModel):
             return x[:, :pixels].reshape(-1, *shape)
 
         super().__init__(_constructor(path)(num_classes=num_classes), nn.CrossEntropyLoss(), eval_batch=eval_batch,
-                         input_transform=to_images)
+                         input_transform=to_images, buffers=buffers)

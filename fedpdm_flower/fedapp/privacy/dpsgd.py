@@ -284,8 +284,8 @@ class DPSGDStep:
             raise ValueError(
                 f"DP-SGD clips each record's gradient, but the model has floating-point buffers "
                 f"{list(getattr(model, 'buffer_names', []))[:3]} (BatchNorm running statistics), which mix the records "
-                "of a batch outside the per-record analysis: replace BatchNorm with GroupNorm, e.g. "
-                "net = opacus.validators.ModuleValidator.fix(net)")
+                "of a batch outside the per-record analysis: replace BatchNorm with GroupNorm (Opacus's "
+                "ModuleValidator.fix does it: net = opacus.validators.ModuleValidator.fix(net))")
         self.model, self.data, self.mechanism, self.rng, self.secure = model, data, mechanism, rng, secure
         self.n = len(data)
         if self.n < 1:

@@ -10,13 +10,16 @@ Every DP-named strategy of the project takes its privacy through ``privacy=``:
   the paper's figure;
 * ``None``, said explicitly: no noise.
 
-A DP-named strategy built without ``privacy=`` refuses to start (:func:`require_privacy`) and says what to pass; no
-strategy picks an epsilon for the user.
+No strategy picks an epsilon for the user. A DP-named strategy built without ``privacy=`` trains without noise, as
+it does with ``privacy=None``, and says so: :func:`require_privacy` emits a :class:`NoPrivacyWarning` that names what
+to pass. (Assumption, kept on purpose: the omission is not an error, so that swapping a DP-named strategy into an app
+that ran Flower's FedAvg keeps running; the warning, the progress lines and the results carry no epsilon.)
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +31,7 @@ from fedpdm_flower.fedapp.privacy.dpsgd import (
     noise_multiplier_for,
 )
 
-__all__ = ["DEFAULT_DELTA", "MISSING", "PrivacyTarget", "require_privacy"]
+__all__ = ["DEFAULT_DELTA", "MISSING", "NoPrivacyWarning", "PrivacyTarget", "require_privacy"]
 
 #: the one delta default of the project
 DEFAULT_DELTA = 1e-5
@@ -48,7 +51,7 @@ class _Missing:
         return "MISSING"
 
 
-#: ``privacy=MISSING`` (the default of a DP-named strategy): refused by :func:`require_privacy`
+#: ``privacy=MISSING`` (the default of a DP-named strategy): no noise, with a warning (:func:`require_privacy`)
 MISSING: Any = _Missing()
 
 
@@ -130,8 +133,13 @@ class PrivacyTarget:
         return {**mechanism.message_config(), "dp-epsilon": float(self.epsilon), "dp-delta": float(self.delta)}
 
 
+class NoPrivacyWarning(UserWarning):
+    """A DP-named strategy was built without ``privacy=``: it trains without noise."""
+
+
 def require_privacy(privacy: Any, owner: str, reproduction: str = "") -> Any:
-    """``privacy`` as given, or a ValueError when a DP-named strategy was built without ``privacy=``.
+    """``privacy`` as given; for a DP-named strategy built without ``privacy=``, None (no noise) and a
+    :class:`NoPrivacyWarning` that says what to pass.
 
     Parameters
     ----------
@@ -144,8 +152,10 @@ def require_privacy(privacy: Any, owner: str, reproduction: str = "") -> Any:
     """
     if privacy is MISSING:
         paper = f", privacy={reproduction} for the paper's own mechanism (the reproduction setting)" if reproduction else ""
-        raise ValueError(
-            f"{owner} is a differentially private strategy: pass privacy=PrivacyTarget(epsilon=..., sample_rate=...) "
-            f"(record-level DP-SGD on every device; delta defaults to {DEFAULT_DELTA:g}){paper}, or privacy=None to "
-            "train without noise. No epsilon is chosen for you.")
+        warnings.warn(
+            f"{owner} is a differentially private strategy built without privacy=: it trains WITHOUT noise and no "
+            f"epsilon holds. Pass privacy=PrivacyTarget(epsilon=..., sample_rate=...) (record-level DP-SGD on every "
+            f"device; delta defaults to {DEFAULT_DELTA:g}){paper}, or privacy=None to say that no noise is meant. "
+            "No epsilon is chosen for you.", NoPrivacyWarning, stacklevel=3)
+        return None
     return privacy
