@@ -9,7 +9,8 @@ a copy of every agent's dual lambda_p and last upload z_p, computes w^{t+1} by (
 round (metric ``dual_mismatch``, which must stay 0). A round in which an agent does not reply stops the run
 (:class:`ReplicatedDualError`): its two dual copies could no longer be kept identical.
 
-**Privacy** goes through ``privacy=`` (a DP-named strategy built without it refuses to start and says what to pass):
+**Privacy** goes through ``privacy=`` (a DP-named strategy built without it trains without noise and warns,
+naming what to pass):
 
 * :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` -- record-level DP-SGD in the local solves, the route
   that learns at an honest epsilon: every solve's gradient is the core's DP-SGD release (Poisson sample of the
