@@ -61,6 +61,7 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     # the DP seed algorithms at record-level epsilon 8 (DP-SGD on each device), picked by run config: 3 nodes of 2,000
     # MNIST images (IID), 3 rounds of 10 DP-SGD steps (expected batch 128); 3x chance = 0.3
     "dp_seeds[bsdp-fedpdm]": ("dp_seeds", {"algorithm": "bsdp-fedpdm"}, 3, "accuracy", 0.3),
+    "dp_seeds[dp-iadmm]": ("dp_seeds", {"algorithm": "dp-iadmm"}, 3, "accuracy", 0.3),
     "wrapped[secure,robust]": ("wrapped_fedavg", {"wrappers": "secure,robust", "byzantine": "0", "min-nodes": 9}, 9,
                                "accuracy", 0.4),
 }

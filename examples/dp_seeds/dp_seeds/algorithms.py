@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fedpdm_flower.clients.fedpdm import FedPDMClient
+from fedpdm_flower.clients.iadmm import IADMMClient
 from fedpdm_flower.fedapp.compression import TopK
 from fedpdm_flower.fedapp.privacy import PrivacyTarget
 
@@ -27,9 +28,22 @@ def bsdp_fedpdm(rc: Any) -> Any:
                       uplink=TopK(0.5), downlink=TopK(0.75), privacy=target(rc))
 
 
+def objpm(rc: Any) -> Any:
+    """DP-IADMM's ObjPM (seed 002): each of the ``local-steps`` local solves (8) takes one DP-SGD step; the duals,
+    proximal terms and the average of the solves are post-processing. The global sample count I is asked from the
+    nodes before round 1 with the run's privacy plan. rho and eta are constants (the step of one solve on the
+    device's mean gradient is ``(I_p / I) / (1/eta + rho)``, about 0.6 here): the paper's schedules (24) and
+    1/sqrt(t) are tuned for 20 000 rounds of a linear model, not 3 rounds of a CNN."""
+    from fedpdm_flower.strategies.iadmm import DPIADMM
+
+    return DPIADMM(min_available_nodes=int(rc["min-nodes"]), local_updates=int(rc["local-steps"]), rho=0.2, eta=3.0,
+                   privacy=target(rc))
+
+
 #: algorithm key -> (strategy builder, client class); other families add their entry here
 ALGORITHMS: dict[str, tuple[Callable[[Any], Any], type[Any]]] = {
     "bsdp-fedpdm": (bsdp_fedpdm, FedPDMClient),
+    "dp-iadmm": (objpm, IADMMClient),
 }
 
 

@@ -597,6 +597,58 @@ def local_objective(model: Any, data: ArrayData | TorchData, *, total: int, beta
                           norm=norm, normaliser=normaliser, chunk=chunk)
 
 
+class DPSGDObjective:
+    """f_p' of (2c) replaced by its record-level DP-SGD release: the rigorous mechanism of the local solves.
+
+    The closed form of (8) (spec 2.2) shows that a perturbed local solve is a proximal step on ``f_p'(z) + xi``:
+    the data enter only through the gradient. Here that gradient is the DP-SGD release of the core
+    (:class:`fedpdm_flower.fedapp.privacy.dpsgd.DPSGDStep`): a Poisson sample of the agent's records drawn from the
+    device's own randomness (rate q), every record's gradient clipped to L2 norm C, Gaussian noise N(0, z^2 C^2 I)
+    on the clipped sum, divided by the expected batch q n. Scaled by n / I, the weight of the agent's data term in
+    (2c), the data part of the solve's gradient is
+
+        ``(sum_{j in B} clip_C(g_j) + N(0, z^2 C^2 I)) / (q I)``,
+
+    an unbiased estimate of the clipped ``(1/I) sum_j g_j`` whose noise is the Gaussian xi of objective perturbation
+    (8) with std ``z C / (q I)`` per coordinate; ``(2 beta / P) z`` (and a model's own l2 term) does not depend on the
+    data and is added after the noise. Everything a solve then does with it -- the proximal term, w^{t+1}, lambda_p,
+    the average of the E iterates (line 21), the dual update (4c) -- is post-processing, so a round of E solves
+    releases E steps of the Poisson-subsampled Gaussian mechanism (the device's ledger charges exactly those).
+
+    Parameters
+    ----------
+    step
+        The participation's DP-SGD oracle (``step(x)`` is the noisy mean-loss gradient at x; ``step.n`` the agent's
+        record count), built by the client from the message's mechanism and the device's randomness.
+    total
+        I, or the normaliser of the data term (OutP's reference code scales by the local count I_p: then ``total``
+        is n and the scale is 1).
+    beta, num_agents
+        beta and P of (2c).
+    """
+
+    def __init__(self, step: Any, total: float, beta: float, num_agents: int) -> None:
+        if not total >= 1:
+            raise ValueError(f"the data term's normaliser I must be >= 1, got {total!r}")
+        self.step, self.total, self.beta, self.num_agents = step, float(total), float(beta), int(num_agents)
+
+    @property
+    def size(self) -> int:
+        return int(self.step.n)
+
+    def terms(self, z: FloatArray) -> tuple[FloatArray, float]:
+        """``(n / I) g~(z) + (2 beta / P) z`` and sensitivity 0 (no Laplace noise: the Gaussian is already in g~)."""
+        flat = np.asarray(z, dtype=np.float64).reshape(-1)
+        g = (self.size / self.total) * np.asarray(self.step(flat), dtype=np.float64)
+        g += (2.0 * self.beta / self.num_agents) * flat
+        return g.reshape(np.shape(z)), 0.0
+
+    def noise_std(self) -> float:
+        """The std of the Gaussian xi per coordinate of the solve's gradient: ``z C / (q I)``."""
+        m = self.step.mechanism
+        return float(m.noise_multiplier * m.clip_norm / (m.sample_rate * self.total))
+
+
 # --------------------------------------------------------------------------------------------- one local solve
 def local_step(z: FloatArray, w: FloatArray, lam: FloatArray, grad: FloatArray, xi: FloatArray | float,
                rho: float, eta: float, box: float = 0.0) -> FloatArray:
@@ -685,6 +737,20 @@ def server_w_update(zs: FloatArray, lams: FloatArray, rho: float) -> FloatArray:
     return np.asarray(np.mean(zs - lams / rho, axis=0), dtype=np.float64)
 
 
+def consensus_term(z: FloatArray, lam: FloatArray, rho: float) -> FloatArray:
+    """Agent p's summand of (4a), ``z_p - lambda_p / rho``: the server's w is the plain mean of these.
+
+    The mean form of Algorithm 1 (:class:`fedpdm_flower.strategies.iadmm.IADMMMean`) has every agent upload this
+    term, computed with its own dual, so the server's step is a mean (secure aggregation can compute it) and keeps no
+    dual copy. In Algorithm 1's order the term is ``z_p^{t+1} - lambda_p^{t+1} / rho^{t+1}`` (line 5 of round t+1,
+    the dual of line 23 already applied); in Huang's order (OutP) ``z~_p^{k+1} - lambda_p^k / rho_k``. Noise added to
+    the mean (distributed DP) then enters w once: the agents' duals are updated against the w they receive, and the
+    next mean is rebuilt from those duals, so it does not accumulate as it would in a server-side copy of
+    ``sum_p lambda_p`` updated from noisy sums.
+    """
+    return np.asarray(z - lam / rho, dtype=np.float64)
+
+
 def dual_update(lam: FloatArray, w: FloatArray, z: FloatArray, rho: float) -> FloatArray:
     """(4c), Algorithm 1 lines 8 and 23: ``lambda + rho (w - z)``; server and agent call this same function."""
     return np.asarray(lam + rho * (w - z), dtype=np.float64)
@@ -745,3 +811,161 @@ def outp_step(objective: LocalObjective, z: FloatArray, w: FloatArray, lam: Floa
     clean = local_step(z, w, lam, g, 0.0, rho, 1.0 / inv_eta)
     noisy = add_gaussian_noise(clean, std, rng)
     return noisy, float(np.mean(np.abs(noisy - clean)))
+
+
+# --------------------------------------------------------------------------------------------- the paper's mechanisms
+@dataclass(frozen=True)
+class ObjectivePerturbation:
+    """The paper's own mechanism, as a ``privacy=`` setting of DP-IADMM: the reproduction setting.
+
+    Every local solve (8) carries the random linear term <xi, z>, xi i.i.d. Laplace(0, Delta / epsilon-bar) (9a), so
+    each solve is epsilon-bar-DP (Theorem 1) when Delta bounds the L1 sensitivity of the gradient's data term (9b).
+    The paper states per-solve DP only (Remark 1); the devices report the composition over every solve beside it:
+    basic (t E epsilon-bar) and Renyi DP (:func:`fedpdm_flower.fedapp.privacy.laplace.laplace_rdp_epsilon`, the
+    rigorous figure, 12.2 for the 2 000 solves of ObjPM at 0.05 over 200 rounds, at delta = 1e-5).
+
+    The full-batch solve claims no amplification by subsampling, and the noise does not shrink with the data: the
+    record-level route that learns at an honest epsilon is ``privacy=PrivacyTarget(...)`` (DP-SGD in the solves).
+
+    Parameters
+    ----------
+    epsilon_bar
+        epsilon-bar, the budget of each local solve (the paper: 0.05, 0.1, 1, 5). No default.
+    sensitivity_mode
+        ``"paper"`` (default): Section IV's Delta = ``(1/I) max_i ||x_i||_1 ||h(z; x_i) - y_i||_1`` at every iterate,
+        model (63) only; data-dependent and not a bound (spec A2), so **no guarantee holds** and the figures the
+        devices report are what the run would spend if it were one. ``"bounded"``: features L1-clipped to ``clip``
+        = C1, Delta = 4 C1 / I (model (63) only; rigorous). ``"clipped"``: every per-record gradient clipped to L1
+        norm ``clip`` = C, Delta = 2 C / I (any model with per-record gradients; rigorous).
+    clip
+        C1 of ``"bounded"`` or C of ``"clipped"`` (required there; None with ``"paper"``).
+    delta
+        The delta at which the devices report the Renyi-DP composition (default 1e-5, the project's one default).
+    """
+
+    epsilon_bar: float
+    sensitivity_mode: str = "paper"
+    clip: float | None = None
+    delta: float = 1e-5
+
+    kind = "laplace-objective"
+
+    def __post_init__(self) -> None:
+        e = self.epsilon_bar
+        if isinstance(e, bool) or not isinstance(e, int | float) or not (math.isfinite(e) and e > 0):
+            raise ValueError(f"ObjectivePerturbation epsilon_bar must be a finite number > 0, got {e!r}")
+        if self.sensitivity_mode not in SENSITIVITY_MODES:
+            raise ValueError(f"ObjectivePerturbation sensitivity_mode must be one of {list(SENSITIVITY_MODES)}, "
+                             f"got {self.sensitivity_mode!r}")
+        if self.sensitivity_mode == "paper" and self.clip is not None:
+            raise ValueError("ObjectivePerturbation clip applies to sensitivity_mode 'bounded' (C1) and 'clipped' (C), "
+                             "not 'paper'")
+        if self.sensitivity_mode != "paper":
+            c = self.clip
+            if c is None:
+                raise ValueError(f"ObjectivePerturbation sensitivity_mode {self.sensitivity_mode!r} needs its clipping "
+                                 "bound: pass clip=C > 0")
+            if isinstance(c, bool) or not isinstance(c, int | float) or not (math.isfinite(c) and c > 0):
+                raise ValueError(f"ObjectivePerturbation clip must be a finite number > 0, got {c!r}")
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"ObjectivePerturbation delta must lie in (0, 1), got {self.delta!r}")
+
+    @property
+    def rigorous(self) -> bool:
+        """Whether Delta bounds the sensitivity (``"bounded"`` / ``"clipped"``), so the reported figures are guarantees."""
+        return self.sensitivity_mode != "paper"
+
+    def epsilon(self, solves: int) -> float:
+        """Renyi-DP composition of ``solves`` epsilon-bar-DP solves at ``delta`` (a guarantee iff :attr:`rigorous`)."""
+        from fedpdm_flower.fedapp.privacy.laplace import laplace_rdp_epsilon
+
+        return laplace_rdp_epsilon(solves, float(self.epsilon_bar), self.delta)
+
+    def message_config(self) -> dict[str, float | int | str | bool]:
+        """The keys the agents read (``dp-mechanism`` names this mechanism)."""
+        cfg: dict[str, float | int | str | bool] = {
+            "dp": True, "dp-mechanism": self.kind, "epsilon": float(self.epsilon_bar),
+            "sensitivity-mode": self.sensitivity_mode, "dp-delta": self.delta}
+        if self.clip is not None:
+            cfg["clip"] = float(self.clip)
+        return cfg
+
+
+@dataclass(frozen=True)
+class OutputPerturbation:
+    """The OutP baseline's own mechanism (the paper's reference code, spec 5.2), as a ``privacy=`` setting of OutP.
+
+    Each step's output gets N(0, sigma^2) with the classical Gaussian-mechanism calibration for (epsilon-bar,
+    delta-bar) per step, ``sigma = Delta_2 sqrt(2 ln(1.25 / delta-bar)) / epsilon-bar`` (:func:`outp_sigma`), on the
+    L2 sensitivity ``Delta_2`` of the step's output. Its noise multiplier ``sigma / Delta_2`` is the same every step,
+    so the run's rigorous figure is the Renyi-DP composition of those Gaussian releases without amplification
+    (full batch): :meth:`epsilon`.
+
+    Parameters
+    ----------
+    epsilon_bar, delta_bar
+        (epsilon-bar, delta-bar) of each step (the paper: delta-bar = 1e-6). No default for epsilon_bar.
+    sensitivity_mode
+        ``"reference"`` (default): the reference code's ``Delta_2 = 2 / (rho + 1/eta)``, Huang's bound c1 = I_p on
+        a record's gradient. It holds whenever every record's gradient norm is at most I_p: for softmax regression
+        on pixels in [0, 1] that norm is ``||x||_2 ||h - y||_2 <= 28 sqrt(2) = 39.6`` on MNIST, far below
+        I_p = 6 000, so the bound is valid there (and about 150 times looser than needed). ``"clipped"``: every
+        record's gradient clipped to L2 norm ``clip`` = C, ``Delta_2 = 2 C / (n (rho + 1/eta))``.
+    clip
+        C of ``"clipped"`` (required there; None with ``"reference"``).
+    noise_std
+        ``"sigma"`` (default) or ``"sigma-squared"``: the reference code's bug, sigma^2 used as the std (spec A9);
+        with it the reported figures are not guarantees.
+    delta
+        The delta at which the devices report the composition (default 1e-5).
+    """
+
+    epsilon_bar: float
+    delta_bar: float = 1e-6
+    sensitivity_mode: str = "reference"
+    clip: float | None = None
+    noise_std: str = "sigma"
+    delta: float = 1e-5
+
+    kind = "gaussian-output"
+
+    def __post_init__(self) -> None:
+        e = self.epsilon_bar
+        if isinstance(e, bool) or not isinstance(e, int | float) or not (math.isfinite(e) and e > 0):
+            raise ValueError(f"OutputPerturbation epsilon_bar must be a finite number > 0, got {e!r}")
+        for name, v in (("delta_bar", self.delta_bar), ("delta", self.delta)):
+            if isinstance(v, bool) or not isinstance(v, float) or not 0.0 < v < 1.0:
+                raise ValueError(f"OutputPerturbation {name} must be a float in (0, 1), got {v!r}")
+        if self.sensitivity_mode not in OUTP_SENSITIVITY_MODES:
+            raise ValueError(f"OutputPerturbation sensitivity_mode must be one of {list(OUTP_SENSITIVITY_MODES)}, "
+                             f"got {self.sensitivity_mode!r}")
+        if self.noise_std not in ("sigma", "sigma-squared"):
+            raise ValueError(f"OutputPerturbation noise_std must be 'sigma' or 'sigma-squared', got {self.noise_std!r}")
+        if self.sensitivity_mode == "reference" and self.clip is not None:
+            raise ValueError("OutputPerturbation clip applies to sensitivity_mode 'clipped', not 'reference'")
+        if self.sensitivity_mode == "clipped":
+            c = self.clip
+            if c is None:
+                raise ValueError("OutputPerturbation sensitivity_mode 'clipped' needs its clipping bound: pass clip=C")
+            if isinstance(c, bool) or not isinstance(c, int | float) or not (math.isfinite(c) and c > 0):
+                raise ValueError(f"OutputPerturbation clip must be a finite number > 0, got {c!r}")
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / Delta_2 of every step: ``sqrt(2 ln(1.25 / delta-bar)) / epsilon-bar``."""
+        return math.sqrt(2.0 * math.log(1.25 / self.delta_bar)) / float(self.epsilon_bar)
+
+    def epsilon(self, steps: int) -> float:
+        """Renyi-DP composition (Opacus's accountant, sample rate 1) of ``steps`` releases at :attr:`noise_multiplier`."""
+        from fedpdm_flower.fedapp.privacy.dpsgd import dpsgd_epsilon
+
+        return 0.0 if steps == 0 else dpsgd_epsilon(self.noise_multiplier, 1.0, steps, self.delta)
+
+    def message_config(self) -> dict[str, float | int | str | bool]:
+        """The keys the agents read."""
+        cfg: dict[str, float | int | str | bool] = {
+            "dp": True, "dp-mechanism": self.kind, "epsilon": float(self.epsilon_bar), "delta": self.delta_bar,
+            "sensitivity-mode": self.sensitivity_mode, "noise-std": self.noise_std, "dp-delta": self.delta}
+        if self.clip is not None:
+            cfg["clip"] = float(self.clip)
+        return cfg
