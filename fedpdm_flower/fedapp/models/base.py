@@ -92,6 +92,7 @@ TORCH_MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
     "lenet5-valid": ("fedpdm_flower.fedapp.models.cnn:LeNet5Valid", (1, 28, 28)),
     "cnn": ("fedpdm_flower.fedapp.models.cnn:SmallCNN", (1, 28, 28)),
     "resnet20": ("fedpdm_flower.fedapp.models.resnet:ResNet20", (3, 32, 32)),
+    "softmax-nobias": ("fedpdm_flower.fedapp.models.cnn:SoftmaxRegression", (1, 28, 28)),
 }
 
 
