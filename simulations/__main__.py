@@ -131,8 +131,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         fedrep_wire(Path(args.out), rounds=args.rounds, connection=args.connection, overrides=parse_set(args.set or []))
         return 0
     if args.suite == "iadmm":
-        iadmm_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
+        from simulations.benchmark import iadmm_floor
+
+        iadmm_floor(Path(args.out), rounds=args.rounds)
+        if args.methods != "floor":  # --methods floor: only our round against the numpy floor
+            iadmm_throughput(Path(args.out), rounds=args.rounds, connection=args.connection)
         return 0
+    if args.suite == "startup":
+        from simulations.startup import main as startup
+
+        return startup(Path(args.out), rounds=args.rounds,
+                       configs=tuple(m for m in (args.methods or "").split(";") if m) or None)
     if args.suite == "footprint":
         from simulations.footprint import main as footprint
 
@@ -198,9 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="outputs/bench")
     b.add_argument("--rounds", type=int, default=10)
     b.add_argument("--suite", choices=("fedpdm", "iadmm", "fedrep", "recal", "dp-anchor", "dp-seeds", "byzantine",
-                                       "byzantine-fedrep", "footprint"),
+                                       "byzantine-fedrep", "footprint", "startup"),
                    default="fedpdm",
-                   help="fedpdm: the seed-000 benchmark; iadmm: DP-IADMM rounds/s on MNIST, in-process vs Flower; "
+                   help="fedpdm: the seed-000 benchmark; iadmm: our non-private ObjP round vs a plain numpy floor (float32 and "
+                        "float64) and the start-up, then DP-IADMM rounds/s on MNIST, in-process vs Flower (--methods "
+                        "floor: the first part only); "
                         "fedrep: FedREP bytes per client per round vs the paper's bound and dense, and rounds/s; "
                         "recal: one-hop DP-RECAL rounds/s, Flower vs in-process vs the reference simulator; "
                         "dp-anchor: DP at epsilon 1/3/8, Flower's DP-FedAvg vs CentralDP vs DeviceDPSGD (about 2 h); "
@@ -211,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "byzantine-fedrep: masked FedREP's rows of that table (--methods picks aggregators by row "
                         "name, e.g. 'FedREP + NNM + CClip (adaptive)'; about 7 s of CPU per cell, 10 rows of 17 cells); "
                         "footprint: a SuperNode's peak RSS and ClientApp start-to-reply per family on a real "
-                        "deployment with data-path (~10 min; --methods 'fedpdm (numpy),...' picks families)")
+                        "deployment with data-path (~10 min; --methods 'fedpdm (numpy),...' picks families); "
+                        "startup: whole Flower-simulation runs at 1,000 and 10,000 SuperNodes, BSDP-FedPDM vs Flower's "
+                        "FedAvg, with each simulation process's peak RSS (--methods '1,000 nodes' picks one)")
     b.add_argument("--connection", default=None, help="simulation SuperLink connection for --suite iadmm / fedrep")
     b.add_argument("--methods", default=None,
                    help="--suite dp-anchor: run only these methods (flower,flower-client,ours,dpsgd), adding rows to "

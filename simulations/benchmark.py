@@ -164,6 +164,106 @@ def _gradient_ms(repeats: int = 30) -> dict[str, float]:
     return out
 
 
+def _numpy_floor_round(xs: list[Any], ys: list[Any], zs: list[Any], lams: list[Any], w: Any, *, total: int,
+                       beta: float, rho: float, eta: float) -> Any:
+    """One non-private IADMM round (E = 1) written as plain numpy, the floor of :func:`iadmm_floor`: per agent the
+    scores X_p z^T, their softmax minus Y_p, the gradient (63) and the closed-form step (8); then the server's w
+    (mean of z_p - lambda_p / rho) and the duals (4c). The products run in X_p's precision, the K x J rest in float64."""
+    import numpy as np
+
+    c = 2.0 * beta / len(xs)
+    for p, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        s = x @ zs[p].astype(x.dtype).T
+        s -= s.max(axis=1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=1, keepdims=True)
+        s -= y
+        g = (s.T @ x).astype(np.float64) / total + c * zs[p]
+        zs[p] = (zs[p] / eta + rho * w + lams[p] - g) / (1.0 / eta + rho)
+    w = np.mean([z - lam / rho for z, lam in zip(zs, lams, strict=True)], axis=0)
+    for p in range(len(xs)):
+        lams[p] = lams[p] + rho * (w - zs[p])
+    return w
+
+
+def iadmm_floor(out: Path, *, rounds: int = 10) -> dict[str, Any]:
+    """Our non-private ObjP round on MNIST (10 agents of 6,000, all every round, E = 1, in-process driver, central
+    evaluation off) against :func:`_numpy_floor_round` on the same data, alternated round by round in this process;
+    float32 products (``FEDAPP_IADMM_DTYPE=float32``, numpy backend) and float64. Per round: the median over rounds
+    2..R of the CPU time of our whole round (server, messages, clients: one thread, all in this process), and of the
+    floor's; CPU time rather than wall, so that other jobs on a shared machine do not enter the ratio. Start-up: a 1-round ``python -m simulations run --algorithm objp``
+    (a fresh process, as a user types it): its wall time minus its round."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from fedpdm_flower.fedapp import client_app
+    from fedpdm_flower.fedapp.algorithms.iadmm import BACKEND_VAR, DTYPE_VAR
+    from fedpdm_flower.fedapp.config import parse_run_config
+    from fedpdm_flower.fedapp.data import load_partition
+    from fedpdm_flower.fedapp.runner import build_strategy
+    from simulations.experiments import IADMM_MNIST
+    from simulations.inprocess import make_contexts, run_rounds
+
+    out.mkdir(parents=True, exist_ok=True)
+    raw = {**IADMM_MNIST, "algorithm": "objp", "dp": False, "num-server-rounds": rounds, "eval-every": 10 * rounds}
+    report: dict[str, Any] = {"task": raw}
+    saved = {k: os.environ.get(k) for k in (BACKEND_VAR, DTYPE_VAR)}
+    os.environ[BACKEND_VAR] = "numpy"
+    try:
+        for dtype in ("float32", "float64"):
+            os.environ[DTYPE_VAR] = dtype
+            client_app._CLIENTS.clear()  # the clients (and their AgentData) are cached per run config: build anew
+            cfg = parse_run_config(raw)
+            strategy = build_strategy(cfg, evaluate=False)
+            contexts = make_contexts(cfg)
+            strategy.attach({pid: pid for pid in contexts})
+            parts = [load_partition("mnist", "iid", p, 10, cfg.seed) for p in range(10)]
+            xs = [np.ascontiguousarray(q.x[:, :-1], dtype=dtype) for q in parts]
+            ys = [np.eye(10, dtype=dtype)[q.y] for q in parts]
+            zs, lams, w = [np.zeros((10, 784)) for _ in xs], [np.zeros((10, 784)) for _ in xs], np.zeros((10, 784))
+            ours, floor = [], []
+            for rnd in range(1, rounds + 1):  # alternated, so that a change of the machine's load hits both
+                t = time.process_time()
+                run_rounds(strategy, contexts, 1, start=rnd)
+                ours.append(time.process_time() - t)
+                t = time.process_time()
+                w = _numpy_floor_round(xs, ys, zs, lams, w, total=60_000, beta=cfg.iadmm_beta, rho=10.0, eta=0.1)
+                floor.append(time.process_time() - t)
+            o, f = float(statistics.median(ours[1:])), float(statistics.median(floor[1:]))
+            report[dtype] = {"ours_round_s": o, "numpy_floor_round_s": f, "ratio": o / f}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    root = Path(__file__).resolve().parents[1]
+    for dtype in ("float32", "float64"):
+        env = {**os.environ, BACKEND_VAR: "numpy", DTYPE_VAR: dtype,
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        run_out = out / f"startup-{dtype}"
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "simulations", "run", "--algorithm", "objp", "--out", str(run_out),
+                        "--set", "dp=false", "--set", "num-server-rounds=1",
+                        *[f"--set={k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in IADMM_MNIST.items()]],
+                       env=env, cwd=root, check=True, capture_output=True)
+        wall = time.perf_counter() - t
+        doc = json.loads((run_out / "results.json").read_text())
+        report[dtype]["startup_s"] = wall - float(doc["rounds"][0]["wall_s"])
+        report[dtype]["one_round_run_wall_s"] = wall
+    (out / "iadmm_floor.json").write_text(json.dumps(report, indent=1))
+    md = ["| precision | ours per round (CPU) | numpy floor per round (CPU) | ratio | start-up (1-round run minus its round) |",
+          "|---|---|---|---|---|"]
+    md += [f"| {d} | {report[d]['ours_round_s']:.3f} s | {report[d]['numpy_floor_round_s']:.3f} s | "
+           f"{report[d]['ratio']:.2f}x | {report[d]['startup_s']:.2f} s |" for d in ("float32", "float64")]
+    (out / "iadmm_floor.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return report
+
+
 def iadmm_throughput(out: Path, *, rounds: int = 10, connection: str | None = None) -> dict[str, Any]:
     """DP-IADMM on the full MNIST problem (10 agents of 6000, all every round): rounds/s of the in-process driver and
     of the Flower simulation (median per-round wall over rounds 2..R), plus numpy vs torch for the local gradient.

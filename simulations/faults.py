@@ -11,7 +11,11 @@ after rounds 1..r-1 completed and before the node can answer round r (a reply ne
 ClientApp start; :attr:`FaultEvent.replies_before` records what it had sent, so a caller can check). No timing guess.
 
 `--restart NODE@ROUND` starts the same node again (the same command line: node config, port, flags) when round
-ROUND starts; `--restart-after S` starts it S seconds after the kill. A restarted SuperNode registers as a new node
+ROUND starts; `--restart-after S` starts it S seconds after the kill. `--supervise S` starts it under a retry loop
+instead -- what systemd's ``Restart=on-failure`` with ``RestartSec=S`` does for a device -- which starts the
+SuperNode again S seconds after every failed exit: with node authentication the SuperLink refuses the registered
+node (exit code 305, ApiError 2004) until it has missed two heartbeats (up to 2 x 30 s after its last one), and
+the loop keeps trying until it is let in (:func:`supervisor_attempts` reads the loop's log). A restarted SuperNode registers as a new node
 id (insecure SuperLink) with an empty `context.state`; the strategies give it the client of its partition-id back
 at the start of the next round (:meth:`fedpdm_flower.strategies.base.FederatedStrategy.readmit`).
 
@@ -45,8 +49,9 @@ from typing import IO, Any
 from simulations.deploy import LocalDeployment, _Daemon, _spawn, _tree
 from simulations.flower_driver import ROOT, FlowerRun, FlowerRunError, run_flower
 
-__all__ = ["FaultEvent", "FaultPlan", "FaultRun", "NodeAtRound", "add_fault_arguments", "describe_events", "fault_plan",
-           "kill_node", "parse_node_at_round", "restart_node", "run_faulty", "run_with_faults"]
+__all__ = ["FaultEvent", "FaultPlan", "FaultRun", "NodeAtRound", "add_fault_arguments", "describe_events",
+           "describe_supervision", "fault_plan", "kill_node", "parse_node_at_round", "restart_node", "run_faulty",
+           "run_with_faults", "supervisor_attempts"]
 
 #: Flower's Strategy.start logs this when a server round begins (before configure_train)
 ROUND_LINE = re.compile(r"\[ROUND (\d+)/(\d+)\]")
@@ -84,6 +89,8 @@ class FaultPlan:
     restart: NodeAtRound | None = None
     restart_after: float | None = None
     signal: signal.Signals = signal.SIGKILL
+    #: start the node again under a retry loop with this delay between attempts (None: start it once)
+    supervise: float | None = None
 
     def check(self, num_nodes: int, num_rounds: int | None = None) -> None:
         """Raise ValueError naming what does not fit the deployment (before anything starts)."""
@@ -102,6 +109,11 @@ class FaultPlan:
                                  f"round {self.kill.round}")
         if self.restart_after is not None and not self.restart_after >= 0:
             raise ValueError(f"--restart-after must be >= 0 seconds, got {self.restart_after}")
+        if self.supervise is not None:
+            if self.restart is None and self.restart_after is None:
+                raise ValueError("--supervise needs --restart NODE@ROUND or --restart-after S (when to start the loop)")
+            if not self.supervise > 0:
+                raise ValueError(f"--supervise must be > 0 seconds, got {self.supervise}")
 
 
 @dataclass
@@ -114,6 +126,7 @@ class FaultEvent:
     at_s: float  # seconds since the run was submitted
     pids: list[int]
     replies_before: int = 0  # replies the node had sent before it was killed (its log's "Sending:" lines)
+    wall: float = 0.0  # time.time() of the event (the supervisor's log stamps attempts with the same clock)
 
 
 @dataclass
@@ -160,16 +173,46 @@ def kill_node(dep: LocalDeployment, node: int, sig: signal.Signals = signal.SIGK
     return sorted(tree)
 
 
-def restart_node(dep: LocalDeployment, node: int) -> int:
+#: the retry loop of ``--supervise``: systemd's Restart=on-failure, RestartSec=$1, in bash (stamps each attempt)
+SUPERVISOR = """delay=$1; shift; n=0
+while true; do
+  n=$((n + 1)); echo "[supervisor] attempt $n started at $(date +%s.%N)"
+  "$@"; rc=$?
+  echo "[supervisor] attempt $n exited with $rc at $(date +%s.%N)"
+  [ "$rc" -eq 0 ] && exit 0
+  sleep "$delay"
+done"""
+_ATTEMPT = re.compile(r"\[supervisor\] attempt (\d+) (started at|exited with (-?\d+) at) ([\d.]+)")
+
+
+def supervisor_attempts(log: Path) -> list[dict[str, Any]]:
+    """The attempts a supervised node's log records: ``{"attempt", "started", "exited", "rc"}`` (epoch seconds;
+    ``exited`` / ``rc`` None for an attempt still running)."""
+    out: dict[int, dict[str, Any]] = {}
+    for m in _ATTEMPT.finditer(log.read_text(errors="replace") if log.exists() else ""):
+        item = out.setdefault(int(m.group(1)), {"attempt": int(m.group(1)), "started": None, "exited": None,
+                                                "rc": None})
+        if m.group(2) == "started at":
+            item["started"] = float(m.group(4))
+        else:
+            item["exited"], item["rc"] = float(m.group(4)), int(m.group(3))
+    return [out[k] for k in sorted(out)]
+
+
+def restart_node(dep: LocalDeployment, node: int, supervise: float | None = None) -> int:
     """Start SuperNode ``node`` again with the command line it was started with; returns the new pid.
 
-    Its log goes to ``supernode-<node>.restart<k>.log``; the deployment stops it on exit like the others.
+    With ``supervise`` (seconds) it runs under :data:`SUPERVISOR`, a retry loop that starts it again that long
+    after every failed exit. Its log goes to ``supernode-<node>.restart<k>.log``; the deployment stops it (the
+    loop and the node) on exit like the others.
     """
     old = _node_daemon(dep, node)
     if old.proc.poll() is None:
         raise RuntimeError(f"SuperNode {node} (pid {old.proc.pid}) is still running")
     k = sum(1 for d in dep._daemons if d.name == old.name)
-    new = _spawn(old.name, old.argv, old.env, dep.log_dir / f"{old.name}.restart{k}.log")
+    argv = old.argv if supervise is None else ["bash", "-c", SUPERVISOR, "supervisor", f"{supervise:g}", *old.argv]
+    new = _spawn(old.name, argv, old.env, dep.log_dir / f"{old.name}.restart{k}.log")
+    new.argv = list(old.argv)  # a later restart starts the node itself again, not a loop around the loop
     dep._daemons.append(new)
     return new.proc.pid
 
@@ -238,7 +281,8 @@ def _wait_run_id(dep: LocalDeployment, worker: threading.Thread, timeout: float,
 
 
 def run_with_faults(dep: LocalDeployment, overrides: Mapping[str, Any], out_dir: Path, plan: FaultPlan, *,
-                    timeout: float = 3600.0, echo: bool = False) -> FaultRun:
+                    timeout: float = 3600.0, echo: bool = False, app: Path = ROOT,
+                    results_name: str | None = "results.json") -> FaultRun:
     """Run ``overrides`` on ``dep`` (:func:`simulations.flower_driver.run_flower`) and inject ``plan``'s faults.
 
     Call it from the thread that entered ``local_deployment`` (the main thread): the restarted SuperNode is
@@ -251,7 +295,7 @@ def run_with_faults(dep: LocalDeployment, overrides: Mapping[str, Any], out_dir:
     def drive() -> None:
         try:
             box["run"] = run_flower(dict(overrides), out_dir, connection=dep.connection, env=dep.env, stream=False,
-                                    timeout=timeout)
+                                    timeout=timeout, app=app, results_name=results_name)
         except FlowerRunError as err:
             box["error"] = err
         except subprocess.TimeoutExpired:
@@ -282,15 +326,16 @@ def run_with_faults(dep: LocalDeployment, overrides: Mapping[str, Any], out_dir:
                         node_log = _node_daemon(dep, plan.kill.node).log
                         pids = kill_node(dep, plan.kill.node, plan.signal)
                         events.append(FaultEvent("kill", plan.kill.node, current, time.monotonic() - t0, pids,
-                                                 _replies_sent(node_log)))
+                                                 _replies_sent(node_log), wall=time.time()))
                         if plan.restart_after is not None:
                             restart_at = time.monotonic() + plan.restart_after
                     if plan.restart is not None and current == plan.restart.round and len(events) == 1:
                         restart_at = time.monotonic()
             if restart_at is not None and time.monotonic() >= restart_at:
                 restart_at = None
-                pid = restart_node(dep, plan.kill.node)
-                events.append(FaultEvent("restart", plan.kill.node, current, time.monotonic() - t0, [pid]))
+                pid = restart_node(dep, plan.kill.node, plan.supervise)
+                events.append(FaultEvent("restart", plan.kill.node, current, time.monotonic() - t0, [pid],
+                                         wall=time.time()))
     finally:
         worker.join(timeout=timeout)
         if follower is not None:
@@ -311,6 +356,9 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
                    help="start the killed node again (same node config) when round ROUND starts")
     g.add_argument("--restart-after", metavar="S", type=float, default=None,
                    help="start the killed node again S seconds after the kill")
+    g.add_argument("--supervise", metavar="S", type=float, default=None,
+                   help="start the killed node again under a retry loop (systemd Restart=on-failure, RestartSec=S): "
+                        "with node authentication it is refused until the SuperLink missed two heartbeats")
     g.add_argument("--kill-signal", choices=sorted(SIGNALS), default="KILL",
                    help="KILL (default: a crash; the SuperLink notices after 2 missed heartbeats, <= 60 s) or TERM "
                         "(the node deactivates itself on the way out)")
@@ -319,12 +367,12 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
 def fault_plan(args: argparse.Namespace, num_nodes: int, num_rounds: int) -> FaultPlan | None:
     """The FaultPlan the parsed arguments ask for (None without ``--kill``); ValueError naming a bad flag."""
     if args.kill is None:
-        if args.restart is not None or args.restart_after is not None:
-            raise ValueError("--restart / --restart-after need --kill NODE@ROUND")
+        if args.restart is not None or args.restart_after is not None or args.supervise is not None:
+            raise ValueError("--restart / --restart-after / --supervise need --kill NODE@ROUND")
         return None
     plan = FaultPlan(kill=parse_node_at_round(args.kill, "--kill"),
                      restart=parse_node_at_round(args.restart, "--restart") if args.restart is not None else None,
-                     restart_after=args.restart_after, signal=SIGNALS[args.kill_signal])
+                     restart_after=args.restart_after, signal=SIGNALS[args.kill_signal], supervise=args.supervise)
     plan.check(num_nodes, num_rounds)
     return plan
 
@@ -341,12 +389,25 @@ def describe_events(events: list[FaultEvent]) -> list[str]:
     return out
 
 
+def describe_supervision(dep: LocalDeployment, events: list[FaultEvent]) -> list[str]:
+    """For a supervised restart: each attempt of the loop, and when the node was let in (seconds after the kill)."""
+    kill = next((e for e in events if e.action == "kill"), None)
+    restart = next((e for e in events if e.action == "restart"), None)
+    if kill is None or restart is None:
+        return []
+    k = sum(1 for d in dep._daemons if d.name == f"supernode-{kill.node}") - 1
+    attempts = supervisor_attempts(dep.log_dir / f"supernode-{kill.node}.restart{k}.log")
+    out = [f"[fault] supervisor attempt {a['attempt']}: started {a['started'] - kill.wall:.1f} s after the kill, "
+           + ("still running" if a["rc"] is None else f"exit {a['rc']}") for a in attempts if a["started"]]
+    return out
+
+
 def run_faulty(dep: LocalDeployment, overrides: Mapping[str, Any], out_dir: Path, plan: FaultPlan,
                timeout: float) -> FlowerRun:
     """The CLI's faulty run: :func:`run_with_faults`, the faults printed; a failed run raises FlowerRunError with
     the run's own one-line error (results.json's ``error``) when it wrote one."""
     fr = run_with_faults(dep, overrides, out_dir, plan, timeout=timeout)
-    for line in describe_events(fr.events):
+    for line in describe_events(fr.events) + describe_supervision(dep, fr.events):
         print(line, flush=True)
     if not fr.events:
         print(f"[fault] the run ended before round {plan.kill.round} started: nothing was killed", flush=True)

@@ -2,8 +2,9 @@
 
 The task (docs/private-learning.md says why each choice was made):
 
-* the algorithm is the paper's BSDP-FedPDM (Alg. 2: duals on the devices, top-k up, top-k down, l1 prox at the
-  server), its local steps (8a) made DP-SGD steps on every device (``dp-calibration = dpsgd``);
+* the algorithm is the paper's BSDP-FedPDM (Alg. 2: duals on the devices, a sparse uplink -- rand-k here, whose
+  data-independent support keeps the mean of noisy uploads unbiased where top-k's is not --, top-k down, l1 prox at
+  the server), its local steps (8a) made DP-SGD steps on every device (``dp-calibration = dpsgd``);
 * the data keep seed 000's non-IID flavour: label skew, every device holds exactly 4 of the 10 digits (the paper's
   partitioner), 6,000 records each;
 * 10 devices, all in every round, a 20,522-parameter CNN (``tiny-cnn``). Local DP-SGD noise on the mean of K devices

@@ -24,6 +24,7 @@ from fedpdm_flower.fedapp.data import (
     make_lasso_problem,
     partition_indices,
     read_idx,
+    split_dataset,
 )
 from fedpdm_flower.fedapp.data import sources as src
 
@@ -69,6 +70,28 @@ def test_mnist_offline() -> None:
         train.x[0, 0] = 5.0
     sub = train.subset(np.array([3, 1]))
     assert sub.x.flags.writeable and sub.y.tolist() == [train.y[3], train.y[1]]
+    # A node converts only its own rows of the raw images (train_rows), the server only the test split and the
+    # shape: the same bytes as this full float64 load's.
+    rows = np.array([59_999, 0, 7, 31_415, 7], dtype=np.int64)  # any order, repeats allowed (as subset)
+    got = src.train_rows("mnist", rows)
+    assert got.x.dtype == train.x.dtype and np.array_equal(got.x, train.x[rows]) and np.array_equal(got.y, train.y[rows])
+    assert np.array_equal(src.load_test_split("mnist").x, test.x) and np.array_equal(src.load_test_split("mnist").y, test.y)
+    assert src.dataset_info("mnist") == info
+    y, groups = src.train_labels("mnist")
+    assert groups is None and np.array_equal(y, train.y) and not y.flags.writeable
+
+
+def test_asking_whether_a_run_trains_torch_does_not_import_torch() -> None:
+    """The numpy runs' server and devices never import torch (start-up): the zoo's names live in models.base."""
+    import subprocess
+
+    code = ("import sys; from fedpdm_flower.fedapp.config import RunConfig; from fedpdm_flower.fedapp import task; "
+            "assert task.is_torch_model(RunConfig(model='lenet5')) and not task.is_torch_model(RunConfig()); "
+            "task.dataset_info(RunConfig()); print('torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_mnist_files_are_canonical() -> None:
@@ -297,6 +320,240 @@ def test_partition_bad_input() -> None:
     skewed = np.array([0] * 195 + [1] * 5)
     with pytest.raises(ValueError, match="one class per client"):
         partition_indices(skewed, "paper", 20, 0, samples_per_client=10)
+
+
+# ------------------------------------------------------------------------------- partitions that scale
+
+
+def _digest(parts: list[NDArray[np.int64]]) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(np.asarray(p, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+#: SHA-256 (first 16 hex digits) of the partitions as the code before issue 26 computed them (commit e2afc55: every
+#: node's partition built at once, flwr-datasets' partitioners through HF datasets, the paper split's rounding on a
+#: dense (N + C + 2)^2 max-flow); the per-node code must give the same rows
+PINNED = [
+    ("mnist", "paper", 100, 0, {}, "6c55ac843ae6ac1b"),
+    ("mnist", "paper", 100, 1, {}, "f31b601ebff4558b"),
+    ("mnist", "paper", 1000, 0, {}, "03f01ca217acf069"),  # 39 units through the max-flow
+    ("mnist", "paper", 250, 3, {"samples_per_client": 200}, "b239572da28bdea7"),
+    ("mnist", "paper", 100, 0, {"labels_per_client": 2}, "e9fd72fc9e5d748b"),
+    ("mnist", "paper", 300, 5, {"labels_per_client": 3, "samples_per_client": 150}, "c3328bfebdee2ac6"),
+    ("adult", "paper", 100, 0, {}, "e6833bacfa384bd3"),
+    ("synthetic-10class", "paper", 30, 3, {"labels_per_client": 3, "samples_per_client": 150}, "04dd88528476b80b"),
+    ("mnist", "iid", 100, 0, {}, "fbe2124108eef9a9"),
+    ("mnist", "iid", 1000, 2, {}, "a027865db2685d72"),
+    ("mnist", "dirichlet", 100, 0, {}, "0e12eef9cef14f94"),
+    ("mnist", "dirichlet", 1000, 2, {"dirichlet_alpha": 1.0}, "330d3332f064dc88"),
+    ("mnist", "label-k", 100, 0, {}, "e2dbd8676378dcc0"),
+    ("mnist", "label-k", 1000, 2, {"labels_per_client": 2}, "1ea0799aad8fb8e8"),
+    ("synthetic-10class", "dirichlet", 20, 5, {"dirichlet_alpha": 0.3}, "724c4dafde1ae073"),
+    ("synthetic-10class", "label-k", 20, 5, {"labels_per_client": 3}, "308d9db75ff009d2"),
+]
+
+
+@pytest.mark.parametrize(("name", "scheme", "n", "seed", "kw", "digest"), PINNED,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-s{c[3]}" + "".join(f"-{v}" for v in c[4].values()) for c in PINNED])
+def test_partitions_are_those_of_before(name: str, scheme: str, n: int, seed: int, kw: dict[str, Any],
+                                        digest: str) -> None:
+    y = load_dataset(name)[0].y
+    assert _digest(partition_indices(y, scheme, n, seed, **kw)) == digest
+    # the per-node path (what a SuperNode calls) gives each node the same rows as the whole list
+    split = split_dataset(y, scheme, n, seed, **kw)
+    for i in (0, n // 2, n - 1):
+        np.testing.assert_array_equal(split.indices(i), partition_indices(y, scheme, n, seed, **kw)[i])
+    assert int(split.sizes().sum()) == sum(len(p) for p in split.all())
+
+
+def _flwr_datasets_partition(labels: NDArray[np.int64], scheme: str, n: int, seed: int, k: int,
+                             alpha: float) -> list[NDArray[np.int64]]:
+    """The partitions flwr-datasets' own partitioners give (the code that served these schemes before issue 26)."""
+    import datasets
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner, PathologicalPartitioner
+
+    ds = datasets.Dataset.from_dict({"label": labels, "idx": np.arange(labels.size, dtype=np.int64)})
+    partitioner: Partitioner
+    if scheme == "iid":
+        ds = ds.shuffle(seed=seed)
+        partitioner = IidPartitioner(num_partitions=n)
+    elif scheme == "dirichlet":
+        partitioner = DirichletPartitioner(num_partitions=n, partition_by="label", alpha=alpha, self_balancing=False,
+                                           min_partition_size=min(10, labels.size // (2 * n)), seed=seed)
+    else:
+        partitioner = PathologicalPartitioner(num_partitions=n, partition_by="label", num_classes_per_partition=k,
+                                              class_assignment_mode="first-deterministic", seed=seed)
+    partitioner.dataset = ds
+    return [np.sort(np.asarray(partitioner.load_partition(i).with_format("numpy", columns=["idx"])[:]["idx"],
+                               dtype=np.int64).reshape(-1)) for i in range(n)]
+
+
+FLWR_CASES = [
+    ("iid", 20, 5, 3, 0.5), ("iid", 7, 0, 3, 0.5), ("dirichlet", 20, 5, 3, 0.3), ("dirichlet", 7, 1, 3, 5.0),
+    ("dirichlet", 40, 2, 3, 0.1), ("label-k", 20, 5, 3, 0.5), ("label-k", 37, 4, 1, 0.5),
+    ("label-k", 50, 6, 10, 0.5), ("label-k", 13, 8, 9, 0.5),
+]
+
+
+@pytest.mark.parametrize(("scheme", "n", "seed", "k", "alpha"), FLWR_CASES,
+                         ids=[f"{c[0]}-N{c[1]}-s{c[2]}-k{c[3]}-a{c[4]}" for c in FLWR_CASES])
+def test_flwr_schemes_equal_flwr_datasets(scheme: str, n: int, seed: int, k: int, alpha: float) -> None:
+    """iid / dirichlet / label-k are flwr-datasets' partitioners re-implemented per node: the same random draws, the
+    same rows, checked against flwr-datasets itself (labels with gaps, so that classes are values, not positions)."""
+    import warnings
+
+    y = load_dataset("synthetic-10class")[0].y * 3 + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flwr-datasets warns on every Dirichlet redraw
+        expected = _flwr_datasets_partition(y, scheme, n, seed, k, alpha)
+    got = partition_indices(y, scheme, n, seed, labels_per_client=k, dirichlet_alpha=alpha)
+    assert [p.tolist() for p in got] == [p.tolist() for p in expected]
+
+
+def test_dirichlet_that_cannot_meet_the_minimum_names_the_knob() -> None:
+    y = np.repeat(np.arange(10), 30)  # 300 samples, 60 clients: each needs min(10, 300 // 120) = 2
+    with pytest.raises(ValueError, match=r"after 11 draws .*dirichlet-alpha"):
+        partition_indices(y, "dirichlet", 60, 0, dirichlet_alpha=0.01)
+
+
+def _dense_round_to_margins(mask: NDArray[np.bool_], frac: NDArray[np.float64], supply: NDArray[np.int64],
+                            demand: NDArray[np.int64], capacity: NDArray[np.int64]) -> NDArray[np.int64] | None:
+    """The paper split's rounding as written before issue 26: the greedy pass, then Edmonds-Karp with a level-synchronous
+    BFS on the dense (rows + columns + 2)^2 capacity matrix (first node of the previous level as parent)."""
+
+    def max_flow(cap: NDArray[np.int64], flow: NDArray[np.int64], src: int, snk: int) -> int:
+        sent, n = 0, cap.shape[0]
+        while True:
+            parent = np.full(n, -1, dtype=np.int64)
+            parent[src] = src
+            frontier = np.array([src], dtype=np.int64)
+            while frontier.size and parent[snk] < 0:
+                reach = (cap[frontier] - flow[frontier] > 0) & (parent < 0)[None, :]
+                new = np.flatnonzero(reach.any(axis=0))
+                parent[new] = frontier[np.argmax(reach[:, new], axis=0)]
+                frontier = new
+            if parent[snk] < 0:
+                return sent
+            path = [snk]
+            while path[-1] != src:
+                path.append(int(parent[path[-1]]))
+            us, vs = np.array(path[1:]), np.array(path[:-1])
+            push = int((cap[us, vs] - flow[us, vs]).min())
+            flow[us, vs] += push
+            flow[vs, us] -= push
+            sent += push
+
+    if np.any(supply < 0) or np.any(capacity < demand):
+        return None
+    r, c = mask.shape
+    greedy = np.zeros((r, c), dtype=np.int64)
+    left = demand.copy()
+    for i in range(r):
+        cand = np.flatnonzero(mask[i] & (left > 0))
+        take = cand[np.argsort(-frac[i, cand], kind="stable")[: supply[i]]]
+        greedy[i, take] = 1
+        left[take] -= 1
+    size, src, snk, total = r + c + 2, r + c, r + c + 1, int(supply.sum())
+    cap = np.zeros((size, size), dtype=np.int64)
+    cap[src, :r] = supply
+    cap[:r, r : r + c] = np.where(mask, total, 0)
+    cap[r : r + c, snk] = demand
+    flow = np.zeros_like(cap)
+    flow[:r, r : r + c] = greedy
+    flow[r : r + c, :r] = -greedy.T
+    flow[src, :r] = greedy.sum(axis=1)
+    flow[:r, src] = -flow[src, :r]
+    flow[r : r + c, snk] = greedy.sum(axis=0)
+    flow[snk, r : r + c] = -flow[r : r + c, snk]
+    sent = int(greedy.sum()) + max_flow(cap, flow, src, snk)
+    if sent < total:
+        cap[r : r + c, snk] = capacity
+        sent += max_flow(cap, flow, src, snk)
+    return flow[:r, r : r + c].copy() if sent >= total else None
+
+
+def test_paper_rounding_flow_equals_the_dense_max_flow() -> None:
+    """The pattern-indexed Edmonds-Karp returns the very flow of the dense search, on random instances where the
+    greedy pass leaves most of the supply to reroute (and some that cannot be met)."""
+    from fedpdm_flower.fedapp.data.partition import _round_to_margins
+
+    rng = np.random.default_rng(2024)
+    rerouted = met = 0
+    for _ in range(300):
+        r, c = int(rng.integers(1, 40)), int(rng.integers(2, 9))
+        k = int(rng.integers(1, c + 1))
+        mask = np.zeros((r, c), dtype=bool)
+        for i in range(r):
+            mask[i, rng.permutation(c)[:k]] = True
+        frac = np.where(mask, rng.random((r, c)).round(1), 0.0)  # rounded: ties in the greedy's order too
+        supply = rng.integers(0, k + 1, size=r)
+        demand = rng.multinomial(int(supply.sum()), np.full(c, 1 / c)) if rng.random() < 0.8 else rng.integers(0, r, c)
+        capacity = demand + rng.integers(0, 3, size=c)
+        want = _dense_round_to_margins(mask, frac, supply, demand, capacity)
+        got = _round_to_margins(mask, frac, supply=supply, demand=demand, capacity=capacity)
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert got is not None and np.array_equal(got, want)
+            met += 1
+            rerouted += int(got.sum() > 0)
+    assert met > 150 and rerouted > 100  # the instances do exercise the flow
+
+
+_NODE_OF_10000 = """
+import json, tracemalloc
+import numpy as np
+from fedpdm_flower.fedapp.data import sources
+from fedpdm_flower.fedapp.data.partition import split_dataset
+
+y = sources.read_idx(sources.mnist_offline_dir() / sources.IDX_FILES[1]).astype(np.int64)  # MNIST's labels only
+rng = np.random.default_rng(0)
+cases = {
+    "paper": (y, {}),  # MNIST's 60,000: 6 samples of 4 labels per node
+    "iid": (y, {}),
+    "label-k": (y, {}),
+    # 10,000 nodes need 10,000 x min(10, n / 2N) samples whatever alpha: 1,000,000 labels of 10 classes
+    "dirichlet": (rng.integers(0, 10, 1_000_000), {"dirichlet_alpha": 1.0}),
+    "writer": (y, {"groups": rng.integers(0, 12_000, y.size)}),
+}
+out = {}
+for scheme, (labels, kw) in cases.items():
+    peaks = []
+    for n in (1_000, 10_000):
+        tracemalloc.start()
+        rows = split_dataset(labels, scheme, n, 0, **kw).indices(n - 1)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    out[scheme] = {"peak_mb": peaks[1] / 1e6, "growth_mb": (peaks[1] - peaks[0]) / 1e6, "rows": rows.tolist(),
+                   "labels": labels[rows].tolist()}
+print(json.dumps(out))
+"""
+
+
+def test_node_of_a_10000_node_split_is_cheap() -> None:
+    """A node's share of a 10,000-node split stays within 200 MB for every scheme (a fresh process, nothing cached),
+    and the memory grows with the number of nodes N only through (node x class) tables: from N = 1,000 to 10,000 by
+    at most 9,000 x 10 classes x 128 bytes, so no step builds every node's rows or an (N + C)^2 matrix. Before, the
+    paper split built every node's partition on the first call (3.5 GB at 10,000 nodes). The time (about 0.2 s
+    for the paper split) is measured by ``python -m simulations bench --suite startup``, not here."""
+    import json
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _NODE_OF_10000], capture_output=True, text=True, env=env, check=False,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert set(got) == set(SCHEMES)
+    for scheme, m in got.items():
+        assert m["peak_mb"] <= 200.0 and m["growth_mb"] <= 9_000 * 10 * 128 / 1e6, (scheme, m)
+    paper = got["paper"]
+    assert len(paper["rows"]) == 6 and len(set(paper["labels"])) == 4
+    assert len(got["iid"]["rows"]) == 6 and len(set(got["label-k"]["labels"])) == 4
+    assert len(got["dirichlet"]["rows"]) >= 10 and len(set(got["writer"]["rows"])) == len(got["writer"]["rows"]) > 0
 
 
 # ------------------------------------------------------------------------------------------ synthetic

@@ -43,11 +43,8 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     # measured: Robust 0.695, SecureBuffers(Robust) 0.764. Compressed(Robust) learns slower (the geometric median of
     # four top-10 % updates with distinct supports is short): after 3 rounds it measured 0.508-0.793 through flwr run
     # (8 runs) and once 0.207 in CI, after 5 rounds 0.823-0.883 (10 runs), so the compressed runs take 5 rounds.
-    "wrapped[robust]": ("wrapped_fedavg", {"wrappers": "robust", "byzantine": "0"}, 4, "accuracy", 0.4),
-    "wrapped[compressed]": ("wrapped_fedavg", {"wrappers": "compressed", "num-server-rounds": 5}, 4, "accuracy", 0.4),
-    "wrapped[secure]": ("wrapped_fedavg", {"wrappers": "secure", "min-nodes": 6}, 6, "accuracy", 0.4),
-    "wrapped[compressed,robust]": ("wrapped_fedavg", {"wrappers": "compressed,robust", "byzantine": "0",
-                                                      "num-server-rounds": 5}, 4, "accuracy", 0.4),
+    # Each wrapper runs here inside a composition (Robust, SecureBuffers and Compressed each appear below), which
+    # covers it on the installed library; tests/test_flower_parity.py runs each one alone through flwr run.
     # DP-SGD on each device (Opacus, record-level, epsilon 8 over the 3 rounds) under plain FedAvg: measured
     # 0.592-0.628 through flwr run (3 runs); the devices' ledgers report the spend (record unit, at most 8)
     "wrapped[dpsgd]": ("wrapped_fedavg", {"wrappers": "", "dpsgd-epsilon": 8.0}, 4, "accuracy", 0.3),
@@ -59,6 +56,8 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     "wrapped[distributed-dp]": ("wrapped_fedavg", {"wrappers": "distributed-dp", "min-nodes": 24, "buffer-size": 24,
                                                    "dp-clip": 0.5, "dp-epsilon": 8.0, "samples-per-node": 60,
                                                    "batch-size": 10}, 24, "accuracy", 0.2),
+    "wrapped[compressed,robust]": ("wrapped_fedavg", {"wrappers": "compressed,robust", "byzantine": "0",
+                                                      "num-server-rounds": 5}, 4, "accuracy", 0.4),
     # the DP seed algorithms at record-level epsilon 8 (DP-SGD on each device), picked by run config: 3 nodes of 2,000
     # MNIST images (IID), 3 rounds of 10 DP-SGD steps (expected batch 128); 3x chance = 0.3
     "dp_seeds[bsdp-fedpdm]": ("dp_seeds", {"algorithm": "bsdp-fedpdm"}, 3, "accuracy", 0.3),
@@ -69,6 +68,7 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
     # DPQ-DSGD, the user's CNN, 12 rounds (11 DP-SGD steps a node), quantized messages: measured 0.686, 0.497, 0.552
     # in process (LocalGrid; 0.453-0.611 over 3 runs of 10 rounds)
     "dp_seeds[dpq-dsgd]": ("dp_seeds", {"algorithm": "dpq-dsgd", "num-server-rounds": 12}, 3, "accuracy", 0.3),
+    "dp_seeds[dp-iadmm]": ("dp_seeds", {"algorithm": "dp-iadmm"}, 3, "accuracy", 0.3),
     "wrapped[secure,robust]": ("wrapped_fedavg", {"wrappers": "secure,robust", "byzantine": "0", "min-nodes": 9}, 9,
                                "accuracy", 0.4),
 }
@@ -88,7 +88,11 @@ def test_the_examples_dependency_resolved_to_the_wheel_not_the_checkout(installe
     assert not direct.exists()  # found by name on --find-links, as a registry would serve it: not a path install
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+#: the runs of many SuperNodes (24 ClientApps, minutes of wall time on 2 cores) run in `make test-slow`
+SLOW = {"wrapped[distributed-dp]"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(EXAMPLES)])
 def test_example_runs_through_flwr_and_learns(name: str, installed_env: InstalledEnv,
                                               installed_simulation: LocalSimulation, tmp_path: Path) -> None:
     folder, overrides, nodes, metric, floor = EXAMPLES[name]

@@ -244,6 +244,30 @@ def test_fault_flags_are_checked_before_anything_starts() -> None:
     with pytest.raises(ValueError, match=r"only the killed node \(1\)"):
         FaultPlan(kill=NodeAtRound(1, 2), restart=NodeAtRound(0, 3)).check(3)
     assert FaultPlan(kill=NodeAtRound(1, 2)).signal is signal.SIGKILL
+    with pytest.raises(ValueError, match=r"--supervise needs --restart NODE@ROUND or --restart-after S"):
+        FaultPlan(kill=NodeAtRound(1, 2), supervise=5.0).check(3)
+    with pytest.raises(ValueError, match=r"--supervise must be > 0 seconds"):
+        FaultPlan(kill=NodeAtRound(1, 2), restart_after=1.0, supervise=0.0).check(3)
+
+
+def test_the_supervisor_log_is_read_back(tmp_path: Path) -> None:
+    """--supervise's retry loop stamps each attempt; supervisor_attempts reads them, describe_supervision says when
+    each started relative to the kill (the real loop runs in tests/test_resume_kill.py)."""
+    from types import SimpleNamespace
+
+    from simulations.faults import FaultEvent, describe_supervision, supervisor_attempts
+
+    log = tmp_path / "supernode-1.restart1.log"
+    log.write_text("[supervisor] attempt 1 started at 100.5\n...Exit Code: 305...\n"
+                   "[supervisor] attempt 1 exited with 1 at 110.0\n[supervisor] attempt 2 started at 115.25\nSuperNode ID: 7\n")
+    assert supervisor_attempts(log) == [{"attempt": 1, "started": 100.5, "exited": 110.0, "rc": 1},
+                                        {"attempt": 2, "started": 115.25, "exited": None, "rc": None}]
+    dep = SimpleNamespace(log_dir=tmp_path, _daemons=[SimpleNamespace(name="supernode-1")] * 2)
+    events = [FaultEvent("kill", 1, 2, 10.0, [1], wall=99.5), FaultEvent("restart", 1, 2, 11.0, [2], wall=100.5)]
+    assert describe_supervision(dep, events) == [  # type: ignore[arg-type]
+        "[fault] supervisor attempt 1: started 1.0 s after the kill, exit 1",
+        "[fault] supervisor attempt 2: started 15.8 s after the kill, still running"]
+    assert supervisor_attempts(tmp_path / "missing.log") == []
 
 
 # ---------------------------------------------------------------------------------------------- real deployments
@@ -368,4 +392,4 @@ def test_the_deploy_cli_refuses_a_bad_fault_before_starting_anything(capsys: pyt
     assert main(["--nodes", "3", "--kill", "5@2", "--", "dataset=synthetic", "num-server-rounds=2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --kill 5@2: node must be a partition id 0..2"
     assert main(["--nodes", "3", "--restart-after", "1", "--", "dataset=synthetic"]) == 2
-    assert "--restart / --restart-after need --kill NODE@ROUND" in capsys.readouterr().err
+    assert "--restart / --restart-after / --supervise need --kill NODE@ROUND" in capsys.readouterr().err

@@ -25,6 +25,8 @@ from fedpdm_flower.fedapp.algorithms.iadmm import (
     EtaSchedule,
     ModelObjective,
     MultinomialObjective,
+    ObjectivePerturbation,
+    OutputPerturbation,
     RhoSchedule,
     local_objective,
     rho_schedule,
@@ -32,7 +34,10 @@ from fedpdm_flower.fedapp.algorithms.iadmm import (
 from fedpdm_flower.fedapp.localdata import ArrayData
 from fedpdm_flower.fedapp.models.multinomial import MultinomialLogistic
 from fedpdm_flower.fedapp.models.torch_model import TorchModel
+from fedpdm_flower.fedapp.privacy.dpsgd import dpsgd_epsilon
 from fedpdm_flower.fedapp.privacy.gaussian import gaussian_noise_std
+from fedpdm_flower.fedapp.privacy.laplace import laplace_rdp_epsilon
+from fedpdm_flower.fedapp.privacy.target import NoPrivacyWarning, PrivacyTarget
 from fedpdm_flower.strategies.base import FederationError, RoundFailed
 from fedpdm_flower.strategies.iadmm import DPIADMM, ObjP, ObjPM, OutP, ReplicatedDualError
 from simulations.inprocess import run_clients
@@ -90,7 +95,7 @@ def test_torch_softmax_regression_follows_a_from_scratch_algorithm_1() -> None:
     net = Softmax(8, 3)
     w0 = net.state_dict()["fc.weight"].numpy().astype(np.float64)
     beta, rounds, big_e = 1e-2, 4, 3
-    strategy = DPIADMM(local_updates=big_e, epsilon=None, beta=beta, min_available_nodes=3, seed=0)
+    strategy = DPIADMM(local_updates=big_e, privacy=None, beta=beta, min_available_nodes=3, seed=0)
 
     def client_fn(ctx: Context) -> FedClient:
         return IADMMClient(Softmax(8, 3), parts[int(ctx.node_config["partition-id"])], seed=0)
@@ -140,8 +145,9 @@ def test_the_reproduction_app_builds_the_same_public_classes_bit_for_bit() -> No
         assert isinstance(app, type(iadmm_strategy(cfg)))
         parts = [client_dataset(cfg, i, 3) for i in range(3)]
         total = sum(len(d) for d in parts)
-        user: Any = (ObjPM(epsilon=0.5, min_available_nodes=3, seed=cfg.seed) if algorithm == "objpm" else
-                     OutP(epsilon=0.5, min_available_nodes=3, seed=cfg.seed))
+        user: Any = (ObjPM(privacy=ObjectivePerturbation(0.5), min_available_nodes=3, seed=cfg.seed)
+                     if algorithm == "objpm" else
+                     OutP(privacy=OutputPerturbation(0.5), min_available_nodes=3, seed=cfg.seed))
         cls = IADMMClient if algorithm == "objpm" else OutPClient
 
         def client_fn(ctx: Context, cls: Any = cls, parts: Any = parts, cfg: Any = cfg) -> FedClient:
@@ -179,7 +185,7 @@ def _mlp_run(strategy: Any, rounds: int = 4, client: type[IADMMClient] = IADMMCl
 
 def test_objpm_trains_a_users_mlp_with_clipped_sensitivity_and_returns_its_state_dict() -> None:
     eps, clip = 1.0, 10.0
-    strategy, net, test, contexts = _mlp_run(ObjPM(epsilon=eps, sensitivity_mode="clipped", clip=clip,
+    strategy, net, test, contexts = _mlp_run(ObjPM(privacy=ObjectivePerturbation(eps, "clipped", clip=clip),
                                                    rho=0.5, eta=2.0, min_available_nodes=3, seed=0))
     acc = [r.test_accuracy for r in strategy.history]
     # three blobs, chance 1/3; round 1 evaluates the initial model (the w it broadcast, spec A11); measured
@@ -195,7 +201,9 @@ def test_objpm_trains_a_users_mlp_with_clipped_sensitivity_and_returns_its_state
         assert rec.extra["dual_mismatch"] == 0.0
         assert rec.extra["delta_max"] == pytest.approx(2 * clip / total)  # Delta = 2 C / I, data-independent
         assert rec.extra["lap_scale_mean"] == pytest.approx(2 * clip / total / eps)  # b = Delta / eps-bar (9a)
-        assert rec.epsilon == pytest.approx(10 * t * eps) and rec.delta == 0.0  # t E eps-bar, basic composition
+        # Renyi DP of the t E solves (basic composition, t E eps-bar, is the bound beside it)
+        assert rec.epsilon == pytest.approx(laplace_rdp_epsilon(10 * t, eps, 1e-5)) and rec.delta == 1e-5
+        assert rec.epsilon < 10 * t * eps
     assert set(contexts[0].state.array_records) >= {"iadmm.dual", "iadmm.z"}
 
 
@@ -246,7 +254,7 @@ def test_multinomial_clipped_closed_form_equals_clipping_every_sample() -> None:
 # ----------------------------------------------------------------------------- what a model lacks, named
 def test_the_paper_sensitivity_needs_the_multinomial_model_and_clipping_needs_per_sample_gradients() -> None:
     with pytest.raises(RoundFailed, match="closed form of the paper's multinomial logistic model"):
-        _mlp_run(ObjP(epsilon=1.0, min_available_nodes=3, seed=0), rounds=1)
+        _mlp_run(ObjP(privacy=ObjectivePerturbation(1.0), min_available_nodes=3, seed=0), rounds=1)
 
     class NumpyQuadratic:  # a user's numpy model without per-sample gradients
         dim = 4
@@ -267,7 +275,7 @@ def test_the_paper_sensitivity_needs_the_multinomial_model_and_clipping_needs_pe
 
 
 def test_without_noise_any_model_runs_under_the_default_mode() -> None:
-    strategy, *_ = _mlp_run(DPIADMM(epsilon=None, rho=1.0, eta=1.0, local_updates=5, min_available_nodes=3, seed=0),
+    strategy, *_ = _mlp_run(DPIADMM(privacy=None, rho=1.0, eta=1.0, local_updates=5, min_available_nodes=3, seed=0),
                             rounds=3)
     assert strategy.history[-1].test_accuracy > 0.8 and strategy.history[-1].epsilon is None
 
@@ -282,68 +290,107 @@ def test_a_missing_agent_stops_the_run_naming_it() -> None:
             raise RuntimeError("disk full")
         return IADMMClient(MLP(), parts[pid], seed=0)
 
-    strategy = ObjP(epsilon=None, min_available_nodes=3, seed=0, total_samples=sum(SIZES))
+    strategy = ObjP(privacy=None, min_available_nodes=3, seed=0, total_samples=sum(SIZES))
     with pytest.raises(ReplicatedDualError, match=r"agent\(s\) \[2\] \(node\(s\) \[2\];.*diverge\).*disk full"):
         run_clients(strategy, client_fn, num_nodes=3, num_rounds=2, initial_arrays=ArrayRecord(MLP().state_dict()))
     assert issubclass(ReplicatedDualError, FederationError)  # as RoundFailed: the server app reports it the same way
 
-    without = ObjP(epsilon=None, min_available_nodes=3, seed=0)  # I must be asked first: the agent is named there
-    with pytest.raises(FederationError, match=r"node 2 \(agent 2\) could not report its sample count.*disk full"):
+    without = ObjP(privacy=None, min_available_nodes=3, seed=0)  # I must be asked first: the agent is named there
+    with pytest.raises(FederationError, match=r"node 2 \(agent 2\) failed before round 1.*disk full"):
         run_clients(without, client_fn, num_nodes=3, num_rounds=1, initial_arrays=ArrayRecord(MLP().state_dict()))
 
 
 def test_the_strategy_is_the_single_source_of_truth() -> None:
-    s = DPIADMM(local_updates=3, epsilon=0.5, rho=RhoSchedule.femnist(), eta=EtaSchedule("const", 0.2), beta=1e-3,
-                sensitivity_mode="clipped", clip=4.0, box=5.0, total_samples=999, accounting_delta=1e-5,
+    s = DPIADMM(local_updates=3, privacy=ObjectivePerturbation(0.5, "clipped", clip=4.0, delta=1e-6),
+                rho=RhoSchedule.femnist(), eta=EtaSchedule("const", 0.2), beta=1e-3, box=5.0, total_samples=999,
                 min_available_nodes=2, seed=0)
     s.initialize(ArrayRecord(MLP().state_dict()))
     s.prepare(10)
     s.attach({0: 10, 1: 11})
-    assert s.pre_train_contents(2) == []  # I is known: no exchange before round 1
     s.begin_round(2)
     (_, content), _ = s.train_contents(2)
     cfg = dict(content.config_records["config"])
     assert cfg["rho"] == rho_schedule(2, 0.5, 0.005, 0.05, 2000) and cfg["eta"] == 0.2
     assert cfg["local-updates"] == 3 and cfg["dp"] is True and cfg["epsilon"] == 0.5
+    assert cfg["dp-mechanism"] == "laplace-objective" and cfg["dp-delta"] == 1e-6
     assert cfg["sensitivity-mode"] == "clipped" and cfg["clip"] == 4.0 and cfg["box"] == 5.0
     assert cfg["beta"] == 1e-3 and cfg["num-agents"] == 2 and cfg["total-samples"] == 999
-    assert cfg["accounting-delta"] == 1e-5 and cfg["mechanism"] == "laplace-objective" and cfg["server-round"] == 2
+    assert cfg["iadmm-algorithm"] == "dp-iadmm" and cfg["iadmm-form"] == "replicated" and cfg["server-round"] == 2
 
-    o = OutP(epsilon=None, delta=1e-5, rho=3.0, eta_scale=2.0, order="alg1", noise_std="sigma-squared",
-             grad_scale="global", sensitivity_mode="clipped", clip=1.0, total_samples=50, min_available_nodes=2)
+    d = ObjPM(privacy=PrivacyTarget(epsilon=3.0, clip_norm=2.0, sample_rate=0.05), total_samples=999,
+              min_available_nodes=2, seed=0)
+    d.initialize(ArrayRecord(MLP().state_dict()))
+    d.prepare(20)  # calibrated for 10 steps x 20 rounds per device
+    d.attach({0: 10, 1: 11})
+    d.begin_round(1)
+    (_, content), _ = d.train_contents(1)
+    cfg = dict(content.config_records["config"])
+    assert (cfg["dp-mechanism"], cfg["dp-sample-rate"], cfg["clip"], cfg["dp-steps"]) == ("dp-sgd", 0.05, 2.0, 10)
+    z = cfg["dp-noise-multiplier"]
+    assert dpsgd_epsilon(z, 0.05, 200, 1e-5) <= 3.0 < dpsgd_epsilon(0.999 * z, 0.05, 200, 1e-5)
+    assert cfg["rho"] == 2.0  # (24) without its c2 / epsilon-bar offset: DP-SGD has no per-solve budget
+    assert "epsilon" not in cfg and "sensitivity-mode" not in cfg
+
+    o = OutP(privacy=OutputPerturbation(1.0, delta_bar=1e-5, sensitivity_mode="clipped", clip=1.0,
+                                        noise_std="sigma-squared"), rho=3.0, eta_scale=2.0, order="alg1",
+             grad_scale="global", total_samples=50, min_available_nodes=2)
     o.initialize(ArrayRecord(MLP().state_dict()))
     o.prepare(1)
     o.attach({0: 0, 1: 1})
     (_, content), _ = o.train_contents(1)
     cfg = dict(content.config_records["config"])
-    assert cfg["dp"] is False and "epsilon" not in cfg and cfg["rho"] == 3.0 and cfg["eta-scale"] == 2.0
+    assert cfg["dp"] is True and cfg["epsilon"] == 1.0 and cfg["rho"] == 3.0 and cfg["eta-scale"] == 2.0
     assert (cfg["order"], cfg["noise-std"], cfg["grad-scale"]) == ("alg1", "sigma-squared", "global")
-    assert cfg["mechanism"] == "gaussian-output" and cfg["delta"] == 1e-5
+    assert cfg["iadmm-algorithm"] == "outp" and cfg["dp-mechanism"] == "gaussian-output" and cfg["delta"] == 1e-5
+    n = OutP(privacy=None, total_samples=50, min_available_nodes=2)
+    n.initialize(ArrayRecord(MLP().state_dict()))
+    n.prepare(1)
+    n.attach({0: 0, 1: 1})
+    assert n.pre_train_contents(1) == []  # I is known and nothing to check: no exchange before round 1
+    (_, content), _ = n.train_contents(1)
+    assert content.config_records["config"]["dp"] is False
 
 
 def test_constructors_name_the_bad_argument() -> None:
+    # built without privacy=: no noise, said out loud (a warning naming what to pass), no epsilon picked
+    with pytest.warns(NoPrivacyWarning, match=r"DPIADMM is a differentially private strategy built without privacy=: "
+                                              r"it trains WITHOUT noise.*privacy=ObjectivePerturbation\(epsilon_bar=...\)"
+                                              r".*or privacy=None"):
+        assert DPIADMM().plan.private is False
+    with pytest.warns(NoPrivacyWarning, match=r"privacy=OutputPerturbation\(epsilon_bar=...\)"):
+        OutP()
     for make, why in [
-        (lambda: DPIADMM(fraction_train=0.5), "fraction_train must be 1.0"),
-        (lambda: DPIADMM(local_updates=0), "local_updates must be an integer >= 1"),
-        (lambda: DPIADMM(epsilon=0.0), "epsilon must be a number > 0"),
-        (lambda: DPIADMM(rho=-1.0), "rho must be a number > 0"),
-        (lambda: DPIADMM(eta="1/sqrt(t)"), "eta must be a number > 0"),
-        (lambda: DPIADMM(sensitivity_mode="clipped"), "'clipped' needs its clipping bound: pass clip=C"),
-        (lambda: DPIADMM(sensitivity_mode="rdp"), "sensitivity_mode must be one of"),
-        (lambda: DPIADMM(clip=1.0), "clip applies to sensitivity_mode 'bounded'"),
-        (lambda: DPIADMM(beta=-1.0), "beta must be a finite number >= 0"),
-        (lambda: DPIADMM(total_samples=0), "total_samples must be an integer >= 1"),
-        (lambda: DPIADMM(box=0.0), "box must be a number > 0"),
-        (lambda: OutP(order="paper"), "order must be one of"),
-        (lambda: OutP(delta=0.0), "delta must be a float in"),
-        (lambda: OutP(sensitivity_mode="clipped"), "pass clip=C"),
+        (lambda: DPIADMM(privacy=PrivacyTarget(epsilon=8.0)), "needs the Poisson sample rate"),
+        (lambda: DPIADMM(privacy=None, fraction_train=0.5), "fraction_train must be 1.0"),
+        (lambda: DPIADMM(privacy=None, local_updates=0), "local_updates must be an integer >= 1"),
+        (lambda: DPIADMM(privacy=None, rho=-1.0), "rho must be a number > 0"),
+        (lambda: DPIADMM(privacy=None, eta="1/sqrt(t)"), "eta must be a number > 0"),
+        (lambda: DPIADMM(privacy=None, beta=-1.0), "beta must be a finite number >= 0"),
+        (lambda: DPIADMM(privacy=None, total_samples=0), "total_samples must be an integer >= 1"),
+        (lambda: DPIADMM(privacy=None, box=0.0), "box must be a number > 0"),
+        (lambda: ObjectivePerturbation(0.0), "epsilon_bar must be a finite number > 0"),
+        (lambda: ObjectivePerturbation(1.0, "clipped"), "'clipped' needs its clipping bound: pass clip=C"),
+        (lambda: ObjectivePerturbation(1.0, "rdp"), "sensitivity_mode must be one of"),
+        (lambda: ObjectivePerturbation(1.0, clip=1.0), "clip applies to sensitivity_mode 'bounded'"),
+        (lambda: OutP(privacy=None, order="paper"), "order must be one of"),
+        (lambda: OutputPerturbation(1.0, delta_bar=0.0), "delta_bar must be a float in"),
+        (lambda: OutputPerturbation(1.0, sensitivity_mode="clipped"), "pass clip=C"),
+        (lambda: PrivacyTarget(epsilon=8.0, sample_rate=1.5), "sample_rate"),
+        (lambda: PrivacyTarget(epsilon=8.0, clip_norm=0.0), "clip_norm"),
         (lambda: RhoSchedule(c1=0.0), "RhoSchedule c1"),
         (lambda: EtaSchedule("smooth"), "needs lipschitz"),
     ]:
         with pytest.raises(ValueError, match=why):
             make()
     with pytest.raises(TypeError, match="ObjPM fixes local_updates = 10"):
-        ObjPM(local_updates=3)
+        ObjPM(privacy=None, local_updates=3)
+    with pytest.raises(TypeError, match=r"OutP privacy must be a PrivacyTarget .*OutputPerturbation .* or None"):
+        OutP(privacy=ObjectivePerturbation(1.0))
+    # a target no noise meets in the run's steps: named before round 1 (prepare, which start() calls first)
+    s = ObjPM(privacy=PrivacyTarget(epsilon=0.01, sample_rate=1.0), min_available_nodes=1, total_samples=10)
+    s.initialize(ArrayRecord(MLP().state_dict()))
+    with pytest.raises(ValueError, match=r"PrivacyTarget epsilon: .*cannot be met by any noise multiplier"):
+        s.prepare(1000)
 
 
 def _one_message(strategy: Any, model: nn.Module) -> RecordDict:
@@ -358,14 +405,15 @@ def _one_message(strategy: Any, model: nn.Module) -> RecordDict:
 def test_a_client_refuses_the_other_mechanism_a_lost_state_and_what_its_floor_forbids() -> None:
     data = blobs(40, 0)
     kw: dict[str, Any] = {"min_available_nodes": 1, "min_train_nodes": 1, "total_samples": 40, "seed": 0}
-    outp_msg = _one_message(OutP(epsilon=1.0, sensitivity_mode="clipped", clip=1.0, **kw), MLP())
-    with pytest.raises(ValueError, match=r"'mechanism' = 'gaussian-output'.*OutP with OutPClient"):
+    outp_msg = _one_message(OutP(privacy=OutputPerturbation(1.0, sensitivity_mode="clipped", clip=1.0), **kw), MLP())
+    with pytest.raises(ValueError, match=r"'iadmm-algorithm' = 'outp'.*OutP with OutPClient"):
         IADMMClient(MLP(), data, context=context()).handle("train", outp_msg)
     with pytest.raises(TypeError, match=r"'reference' noise calibration.*multinomial"):
-        OutPClient(MLP(), data, context=context()).handle("train", _one_message(OutP(epsilon=1.0, **kw), MLP()))
+        OutPClient(MLP(), data, context=context()).handle(
+            "train", _one_message(OutP(privacy=OutputPerturbation(1.0), **kw), MLP()))
     assert "arrays" in OutPClient(MLP(), data, context=context()).handle("train", outp_msg).array_records
 
-    msg = _one_message(ObjP(epsilon=1.0, sensitivity_mode="clipped", clip=1.0, **kw), MLP())
+    msg = _one_message(ObjP(privacy=ObjectivePerturbation(1.0, "clipped", clip=1.0), **kw), MLP())
     ctx = context()
     client = IADMMClient(MLP(), data, context=ctx)
     client.handle("train", msg)
@@ -375,9 +423,10 @@ def test_a_client_refuses_the_other_mechanism_a_lost_state_and_what_its_floor_fo
     with pytest.raises(ValueError, match=r"no IADMM state.*round 2.*cannot be rebuilt"):
         IADMMClient(MLP(), data, context=context()).handle("train", round2)
 
-    for strategy, why in [(ObjP(epsilon=None, **kw), "without noise"),
-                          (ObjP(epsilon=1.0, **kw), "'paper' is data-dependent"),
-                          (ObjPM(epsilon=1.0, sensitivity_mode="clipped", clip=1.0, **kw), r"epsilon = 10 .* > its floor")]:
+    for strategy, why in [(ObjP(privacy=None, **kw), "without noise"),
+                          (ObjP(privacy=ObjectivePerturbation(1.0), **kw), "'paper' is data-dependent"),
+                          (ObjPM(privacy=ObjectivePerturbation(1.0, "clipped", clip=1.0), **kw),
+                           r"epsilon = 10 .* > its floor")]:
         floor = IADMMClient(MLP(), data, context=context(), max_epsilon=5.0)
         with pytest.raises(ValueError, match=f"refused: .*{why}"):
             floor.handle("train", _one_message(strategy, MLP()))
@@ -388,14 +437,16 @@ def test_a_client_refuses_the_other_mechanism_a_lost_state_and_what_its_floor_fo
 
 def test_outp_trains_a_users_mlp_with_clipped_l2_sensitivity() -> None:
     eps, delta, clip = 5.0, 1e-5, 1.0
-    strategy, *_ = _mlp_run(OutP(epsilon=eps, delta=delta, rho=1.0, sensitivity_mode="clipped", clip=clip,
-                                 min_available_nodes=3, seed=0), rounds=3, client=OutPClient)
+    strategy, *_ = _mlp_run(OutP(privacy=OutputPerturbation(eps, delta_bar=delta, sensitivity_mode="clipped", clip=clip),
+                                 rho=1.0, min_available_nodes=3, seed=0), rounds=3, client=OutPClient)
     rec = strategy.history[0]
     # round 1, Huang's proximity with I_p of each agent and the Gaussian mechanism on 2 C / (I_p (rho + 1/eta))
     inv = [0.25 * n + 2 * math.sqrt(math.log(1.25 / delta)) / eps for n in SIZES]
     sig = [gaussian_noise_std(2 * clip / (n * (1.0 + v)), eps, delta) for n, v in zip(SIZES, inv, strict=True)]
     assert rec.extra["sigma"] == pytest.approx(np.mean(sig), rel=1e-12)
-    assert rec.epsilon == pytest.approx(eps) and rec.delta == pytest.approx(delta)
+    # one Gaussian release of multiplier sqrt(2 ln(1.25 / delta-bar)) / eps-bar, under Renyi DP at delta = 1e-5
+    assert rec.epsilon == pytest.approx(dpsgd_epsilon(math.sqrt(2 * math.log(1.25 / delta)) / eps, 1.0, 1, 1e-5))
+    assert rec.delta == 1e-5
     assert all(r.extra["dual_mismatch"] == 0.0 for r in strategy.history)
 
 
@@ -416,7 +467,7 @@ def test_a_users_numpy_multinomial_model_and_nonzero_start() -> None:
     model = MultinomialLogistic(3, 5, bias=False)
     parts = [(rng.uniform(0, 1, (n, 5)), rng.integers(0, 3, n)) for n in SIZES]
     x0 = rng.normal(0, 0.1, model.dim)
-    for strategy in (ObjP(epsilon=None, min_available_nodes=3, seed=0), OutP(epsilon=None, min_available_nodes=3)):
+    for strategy in (ObjP(privacy=None, min_available_nodes=3, seed=0), OutP(privacy=None, min_available_nodes=3)):
         seen: list[np.ndarray] = []
 
         class Spy(OutPClient if isinstance(strategy, OutP) else IADMMClient):  # type: ignore[misc]

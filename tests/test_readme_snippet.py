@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from flwr.app import RecordDict
 
 from simulations.deploy import LocalSimulation
 from simulations.flower_driver import ROOT, run_flower
@@ -62,6 +63,24 @@ def test_the_wrappers_snippet_builds_what_it_says() -> None:
     assert isinstance(secure, SecureBuffers) and isinstance(secure.inner, Robust) and secure.buffer_size == 3
     assert isinstance(compressed, Compressed) and isinstance(compressed.inner, Robust)
 
+
+
+def test_the_resume_snippet_builds_what_it_says() -> None:
+    """The "Runs that survive their server" code wraps Flower's FedAvg and builds a ClientApp with the state mod
+    (tests/test_resume_kill.py kills and resumes such runs)."""
+    from flwr.app import Context
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedpdm_flower.strategies.checkpointed import Checkpointed
+
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={"num-server-rounds": 3})
+    scope: dict[str, object] = {"context": context}
+    exec(compile(snippet("<!-- snippet: resume -->"), "readme_resume.py", "exec"), scope)
+    strategy, client_app = scope["strategy"], scope["client_app"]
+    assert isinstance(strategy, Checkpointed) and isinstance(strategy.strategy, FedAvg)
+    assert str(strategy.directory) == "/var/lib/fl/checkpoint" and strategy.config == {"num-server-rounds": 3}
+    assert isinstance(client_app, ClientApp)
 
 @pytest.mark.flower
 @pytest.mark.install

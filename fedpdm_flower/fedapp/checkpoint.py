@@ -7,10 +7,14 @@ A checkpoint is two files in ``<out-dir>/checkpoint/``:
   ``{"__array__": "<name>"}``;
 * ``arrays-<round>.npz``: those arrays (float64 models, duals, control variates, ...), bit for bit.
 
-The round's npz is written first, then ``state.json``, which names its npz and the npz's SHA-256; each file is
-written to a temporary name, flushed to disk and moved into place with ``os.replace`` (atomic on POSIX). A crash at
-any point therefore leaves either the previous complete checkpoint or the new one, never a torn one; the previous
-round's npz is removed only after the new ``state.json`` is in place.
+The round's npz is written first, then ``state.json``, which names its npz and the npz's SHA-256 and carries the
+SHA-256 of its own canonical JSON (``doc_sha256``); each file is written to a temporary name, flushed to disk and
+moved into place with ``os.replace`` (atomic on POSIX). A crash at any point therefore leaves either the previous
+complete checkpoint or the new one, never a torn one; the previous round's npz is removed only after the new
+``state.json`` is in place. A file changed afterwards (a flipped bit, an edit) fails its SHA-256 and is refused.
+
+The reproduction app keeps its checkpoint in ``<out-dir>/checkpoint``; a user's app keeps it in the directory it
+gives :class:`fedpdm_flower.strategies.checkpointed.Checkpointed` (``subdir=""``).
 
 Nothing is unpickled: JSON, and npz with ``allow_pickle=False``. The checkpoint is still trusted input in one
 sense: it sets the server's state (the model, the privacy figures), so out-dir must be the operator's own
@@ -57,7 +61,7 @@ def encode_state(obj: Any, arrays: dict[str, np.ndarray[Any, Any]], prefix: str 
     """``obj`` as JSON-able data, its numpy arrays moved into ``arrays`` (named ``prefix<n>``) and referenced.
 
     Handles dicts (any hashable JSON-able keys: non-string keys are kept as ``{"__items__": [[k, v], ...]}``), lists,
-    tuples, sets, numpy scalars and arrays, and Python scalars. Floats round-trip exactly (``repr``), NaN and
+    tuples, sets, bytes (hex), numpy scalars and arrays, and Python scalars. Floats round-trip exactly (``repr``), NaN and
     infinities included (``{"__float__": "nan"}``).
     """
     if isinstance(obj, np.ndarray):
@@ -80,8 +84,10 @@ def encode_state(obj: Any, arrays: dict[str, np.ndarray[Any, Any]], prefix: str 
         return {"__set__": [encode_state(v, arrays, prefix) for v in sorted(obj)]}
     if isinstance(obj, list):
         return [encode_state(v, arrays, prefix) for v in obj]
+    if isinstance(obj, bytes | bytearray):
+        return {"__bytes__": bytes(obj).hex()}
     raise CheckpointError(f"cannot checkpoint a {type(obj).__name__} ({obj!r:.80}): a strategy's state_dict must hold "
-                          "numpy arrays, numbers, strings, None and lists / tuples / sets / dicts of them")
+                          "numpy arrays, numbers, strings, bytes, None and lists / tuples / sets / dicts of them")
 
 
 def decode_state(obj: Any, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Any:
@@ -94,6 +100,8 @@ def decode_state(obj: Any, arrays: Mapping[str, np.ndarray[Any, Any]]) -> Any:
         return np.array(arrays[obj["__array__"]], copy=True)
     if "__float__" in obj:
         return float(obj["__float__"])
+    if "__bytes__" in obj:
+        return bytes.fromhex(obj["__bytes__"])
     if "__items__" in obj:
         return {_hashable(decode_state(k, arrays)): decode_state(v, arrays) for k, v in obj["__items__"]}
     if "__tuple__" in obj:
@@ -121,10 +129,16 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _doc_digest(doc: Mapping[str, Any]) -> str:
+    """SHA-256 of a checkpoint document's canonical JSON (sorted keys, no spaces), its own digest left out."""
+    body = {k: v for k, v in doc.items() if k != "doc_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
 def write_checkpoint(out: Path, server_round: int, run_config: Mapping[str, Any], state: Mapping[str, Any],
-                     extra: Mapping[str, Any] | None = None) -> Path:
-    """Write the checkpoint of ``server_round`` (the strategy's ``state``) into ``out/checkpoint``; return its dir."""
-    ckpt = out / CHECKPOINT_DIR
+                     extra: Mapping[str, Any] | None = None, *, subdir: str = CHECKPOINT_DIR) -> Path:
+    """Write the checkpoint of ``server_round`` (the strategy's ``state``) into ``out/<subdir>``; return its dir."""
+    ckpt = out / subdir
     ckpt.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray[Any, Any]] = {}
     encoded = encode_state(dict(state), arrays)
@@ -137,6 +151,8 @@ def write_checkpoint(out: Path, server_round: int, run_config: Mapping[str, Any]
     atomic_write(ckpt / npz, blob)
     doc = {"format": FORMAT, "round": server_round, "run_config": dict(run_config), "arrays": npz,
            "arrays_sha256": hashlib.sha256(blob).hexdigest(), "state": encoded, **dict(extra or {})}
+    doc = json.loads(json.dumps(doc, allow_nan=False))  # the digest is of what a reader will parse
+    doc["doc_sha256"] = _doc_digest(doc)
     atomic_write(ckpt / STATE_FILE, json.dumps(doc, indent=1, allow_nan=False).encode())
     for old in ckpt.glob("arrays-*.npz"):  # the state.json in place no longer names them
         if old.name != npz:
@@ -144,12 +160,12 @@ def write_checkpoint(out: Path, server_round: int, run_config: Mapping[str, Any]
     return ckpt
 
 
-def read_checkpoint(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the checkpoint document without its state, the decoded state) of ``out/checkpoint``.
+def read_checkpoint(out: Path, *, subdir: str = CHECKPOINT_DIR) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the checkpoint document without its state, the decoded state) of ``out/<subdir>``.
 
-    Raises CheckpointError naming the file when there is no complete checkpoint.
+    Raises CheckpointError naming the file when there is no complete checkpoint, or when a file fails its SHA-256.
     """
-    ckpt = out / CHECKPOINT_DIR
+    ckpt = out / subdir
     path = ckpt / STATE_FILE
     if not path.is_file():
         raise CheckpointError(f"no checkpoint to resume from: {path} does not exist (a run writes it after each "
@@ -160,6 +176,14 @@ def read_checkpoint(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise CheckpointError(f"cannot read the checkpoint {path}: {err}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")
+    try:
+        digest = _doc_digest(doc)
+    except ValueError:  # NaN / Infinity tokens: never written by write_checkpoint
+        digest = None
+    if digest is None or doc.get("doc_sha256") != digest:
+        raise CheckpointError(f"{path} does not match the SHA-256 it records (the file was changed after it was "
+                              "written)" if "doc_sha256" in doc else f"{path} records no SHA-256 of itself")
+    del doc["doc_sha256"]
     npz = ckpt / str(doc["arrays"])
     try:
         blob = npz.read_bytes()

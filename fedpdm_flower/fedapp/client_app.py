@@ -10,10 +10,9 @@ in-process driver calls it with the same RecordDicts. An exception becomes an er
 
 from __future__ import annotations
 
-import re
 import traceback
 from functools import lru_cache
-from logging import ERROR, INFO
+from logging import ERROR
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,12 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
+from fedpdm_flower.clients.state import SNAPSHOTS_KEPT, StateSnapshots, persist_state, restore_state
 from fedpdm_flower.fedapp.config import RunConfig, debug_enabled, parse_run_config
 from fedpdm_flower.fedapp.registry import ALGORITHMS
 
-#: the config keys of fedpdm_flower.strategies.base (RUN_TOKEN_KEY, ROUND_KEY), literal: a node imports no server code
-RUN_TOKEN_KEY, ROUND_KEY = "run-token", "server-round"
+__all__ = ["KEEP_SNAPSHOTS", "SNAPSHOTS", "answer", "app", "handle", "make_client", "persist_state", "restore_state",
+           "state_files"]
 
 app = ClientApp()
 
@@ -55,81 +55,34 @@ def make_client(context: Context) -> Any:
 
 
 def handle(message_type: str, content: RecordDict, context: Context) -> RecordDict:
-    """Answer one message's content with the node's client (its state restored / persisted by :func:`state_files`
+    """Answer one message's content with the node's client (its state restored / persisted by :data:`SNAPSHOTS`
     when the node keeps it on disk)."""
-    files = state_files(content, context)
-    if files is not None and len(context.state) == 0:  # a fresh Context: this process's first message of the run
-        restore_state(context, files[0], files[1])
+    found = SNAPSHOTS.where(content, context)
+    SNAPSHOTS.restore_at(found, context)  # once per fresh Context: this process's first message of the run
     reply = make_client(context).handle(message_type, content)
-    if files is not None:
-        persist_state(context, files[0], files[1])
+    SNAPSHOTS.persist_at(found, context)
     return reply  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Client state that survives the run (docs/deployment.md "Checkpoints and resume"). Flower gives each run fresh Contexts, so a
-# ServerApp that crashes and is resumed as a new run would meet clients without their duals, control variates and
-# ledgers. A node that keeps a state directory (node config ``state-dir``, else the run config's
-# ``client-state-dir``) writes its context.state there after every message that carries the run's token, as one
-# snapshot per round (the two latest kept), and a fresh Context of a run with the same token (a resumed run) starts
-# from the latest snapshot of a round before the one asked for: the server's checkpoint may be one round behind the
-# clients (a crash after the replies, before the checkpoint), and that round is then re-done from the state before it.
-_TOKEN = re.compile(r"[0-9a-f]{8,64}")
+# Client state that survives the run (docs/resume.md). Flower gives each run fresh Contexts, so a ServerApp that
+# crashes and is resumed as a new run would meet clients without their duals, control variates and ledgers. A node
+# that keeps a state directory (node config ``state-dir``, else the run config's ``client-state-dir``) keeps
+# snapshots of its context.state per run token (fedpdm_flower.clients.state: the round before the one asked for is
+# restored, the privacy ledgers never go back).
+def _state_dir(context: Context) -> Any:
+    return context.node_config.get("state-dir") or context.run_config.get("client-state-dir")
+
+
+SNAPSHOTS = StateSnapshots(_state_dir)
 #: snapshots kept per node: the latest round's, and the one before it
-KEEP_SNAPSHOTS = 2
+KEEP_SNAPSHOTS = SNAPSHOTS_KEPT
 
 
 def state_files(content: RecordDict, context: Context) -> tuple[Path, int] | None:
     """(this node's state directory for the message's run token, the message's round), or None when the node does
     not persist its state or the message has no run token / round."""
-    where = context.node_config.get("state-dir") or context.run_config.get("client-state-dir")
-    cfg = content.config_records.get("config")
-    token = cfg.get(RUN_TOKEN_KEY) if cfg is not None else None
-    rnd = cfg.get(ROUND_KEY) if cfg is not None else None
-    if not where or not isinstance(token, str) or not _TOKEN.fullmatch(token) or not isinstance(rnd, int):
-        return None
-    pid = context.node_config.get("partition-id", context.node_id)
-    return Path(str(where)).expanduser() / f"run-{token}" / f"node-{int(pid)}", int(rnd)
-
-
-def _snapshots(folder: Path) -> dict[int, Path]:
-    out = {}
-    for path in folder.glob("round-*.state") if folder.is_dir() else ():
-        try:
-            out[int(path.stem.split("-", 1)[1])] = path
-        except ValueError:
-            continue
-    return out
-
-
-def restore_state(context: Context, folder: Path, server_round: int) -> None:
-    """Fill an empty context.state with the latest snapshot of a round before ``server_round`` (if any)."""
-    from flwr.common.serde import recorddict_from_proto
-    from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
-
-    earlier = {r: p for r, p in _snapshots(folder).items() if r < server_round}
-    if not earlier:
-        return
-    path = earlier[max(earlier)]
-    proto = ProtoRecordDict()
-    proto.ParseFromString(path.read_bytes())
-    for key, record in recorddict_from_proto(proto).items():
-        context.state[key] = record
-    log(INFO, "node %s: state of round %d restored from %s", context.node_id, max(earlier), path)
-
-
-def persist_state(context: Context, folder: Path, server_round: int) -> None:
-    """Write context.state as this round's snapshot (temporary file + os.replace), then drop older snapshots."""
-    from flwr.common.serde import recorddict_to_proto
-
-    from fedpdm_flower.fedapp.checkpoint import atomic_write
-
-    folder.mkdir(parents=True, exist_ok=True)
-    blob = recorddict_to_proto(context.state).SerializeToString()
-    target = folder / f"round-{server_round:06d}.state"
-    atomic_write(target, blob)
-    for rnd in sorted(_snapshots(folder))[:-KEEP_SNAPSHOTS]:
-        (folder / f"round-{rnd:06d}.state").unlink(missing_ok=True)
+    return SNAPSHOTS.where(content, context)
 
 
 def answer(message_type: str, content: RecordDict, context: Context) -> RecordDict | str:

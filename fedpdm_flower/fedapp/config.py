@@ -15,7 +15,8 @@ from typing import Any
 
 Scalar = int | float | bool | str
 # kept literal (not imported from fedpdm_flower.fedapp.data) so that parsing a config never imports the data stack
-MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "tiny-cnn", "lenet5", "lenet5-valid", "cnn", "resnet20")
+MODELS = ("l1-logistic", "multinomial", "multinomial-nobias", "tiny-cnn", "lenet5", "lenet5-valid", "cnn", "resnet20",
+          "softmax-nobias")
 DATASETS = ("mnist", "fashion-mnist", "adult", "femnist", "cifar10", "covtype", "synthetic", "synthetic-10class", "synthetic-binary")
 
 

@@ -129,6 +129,19 @@ class ArrayLayout:
                 entries.append(Entry(str(name), tuple(a.shape), a.dtype, None))
         return cls(tuple(entries))
 
+    def spec(self) -> list[list[Any]]:
+        """``[[name, shape, dtype], ...]``, JSON-able (checkpoints); :meth:`from_spec` rebuilds the layout."""
+        return [[e.name, list(e.shape), e.dtype.str] for e in self.entries]
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> ArrayLayout:
+        """The layout :meth:`spec` described (LayoutMismatch on a malformed spec)."""
+        try:
+            return cls.of({str(name): np.zeros(tuple(int(n) for n in shape), dtype=np.dtype(str(dtype)))
+                           for name, shape, dtype in spec})
+        except (TypeError, ValueError) as err:
+            raise LayoutMismatch(f"not a layout spec: {err}") from None
+
     @property
     def names(self) -> list[str]:
         """Entry names in order."""

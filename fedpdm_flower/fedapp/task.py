@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedpdm_flower.fedapp.config import ConfigError, RunConfig
+from fedpdm_flower.fedapp.data import sources
 from fedpdm_flower.fedapp.data.local_files import DATA_PATH_KEY
-from fedpdm_flower.fedapp.data.partition import load_partition, partition_indices
-from fedpdm_flower.fedapp.data.sources import ArrayDataset, DatasetInfo, load_dataset
-from fedpdm_flower.fedapp.models.base import FloatArray, LinearModel, make_model
+from fedpdm_flower.fedapp.data.partition import cached_split, load_partition
+from fedpdm_flower.fedapp.data.sources import ArrayDataset, DatasetInfo, load_test_split
+from fedpdm_flower.fedapp.models.base import TORCH_MODELS, FloatArray, LinearModel, make_model
 
 if TYPE_CHECKING:
     from fedpdm_flower.fedapp.data.local_files import LocalFiles
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 
 
 def dataset_info(cfg: RunConfig) -> DatasetInfo:
-    """Shape information (classes, features) of the configured dataset."""
-    return load_dataset(cfg.dataset, source=cfg.data_source)[2]
+    """Shape information (classes, features) of the configured dataset (for MNIST, from the files' shape)."""
+    return sources.dataset_info(cfg.dataset, source=cfg.data_source)
 
 
 def client_dataset(cfg: RunConfig, partition_id: int, num_partitions: int) -> ArrayDataset:
@@ -88,12 +89,12 @@ def node_dataset(cfg: RunConfig, node_config: Mapping[str, Any]) -> tuple[ArrayD
 
 def total_train_samples(cfg: RunConfig) -> int:
     """I = sum of the num-clients partition sizes (every DP-IADMM agent scales its loss by 1/I, spec 9.3)."""
-    train, _, _ = load_dataset(cfg.dataset, source=cfg.data_source)
-    parts = partition_indices(
-        train.y, cfg.partitioner, cfg.num_clients, cfg.seed, labels_per_client=cfg.labels_per_client,
-        samples_per_client=cfg.samples_per_client or None, dirichlet_alpha=cfg.dirichlet_alpha, groups=train.groups,
+    split = cached_split(
+        cfg.dataset, cfg.partitioner, cfg.num_clients, cfg.seed, cfg.data_source,
+        labels_per_client=cfg.labels_per_client, samples_per_client=cfg.samples_per_client or None,
+        dirichlet_alpha=cfg.dirichlet_alpha,
     )
-    return int(sum(len(p) for p in parts))
+    return int(split.sizes().sum())
 
 
 def build_model(cfg: RunConfig, info: DatasetInfo | None = None) -> LinearModel:
@@ -130,9 +131,7 @@ def build_net(cfg: RunConfig, info: DatasetInfo | None = None) -> TorchNet:
 
 def is_torch_model(cfg: RunConfig) -> bool:
     """True when the run trains a torch network rather than a numpy linear model."""
-    from fedpdm_flower.fedapp.models.torch_net import TORCH_MODELS
-
-    return cfg.model in TORCH_MODELS
+    return cfg.model in TORCH_MODELS  # the zoo's names, without importing torch
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,7 @@ class Evaluator:
     """Central test-set evaluation on the server (spec 6.5: accuracy of the global model, test loss, nnz)."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        _, test, info = load_dataset(cfg.dataset, source=cfg.data_source)
+        test, info = load_test_split(cfg.dataset, source=cfg.data_source), dataset_info(cfg)
         self.test = test
         self.model: LinearModel | TorchNet = build_net(cfg, info) if is_torch_model(cfg) else build_model(cfg, info)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -127,6 +127,30 @@ class CentralDP(StrategyWrapper):
             "client-level, trusted server, secret Poisson sampling", self.epsilon, self.delta, self.num_rounds, self.q,
             self.clip_norm, self.z)
         super().summary()
+
+    # ------------------------------------------------------------------ checkpoints (strategies/checkpointed.py)
+    def state_dict(self) -> dict[str, Any]:
+        """The accountant (its composed releases), the population N and the release count. The secret sample's and
+        the noise's randomness is never written down (a resumed run draws afresh from the OS): the accounting
+        does not depend on which clients were drawn, only on q, z and the number of releases."""
+        return {**super().state_dict(), "accountant": None if self.accountant is None else self.accountant.state_dict(),
+                "population": self.population, "releases": self._releases, "z": self.z}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
+
+        from fedpdm_flower.fedapp.privacy.protocol import PldAccountant
+
+        if float(state["z"]) != self.z:
+            raise ValueError(f"the checkpoint's noise multiplier is {state['z']}, this CentralDP's is {self.z}")
+        super().load_state_dict(state)
+        self.population, self._releases = int(state["population"]), int(state["releases"])
+        self.accountant = None
+        if state["accountant"] is not None:
+            self.accountant = PldAccountant(PrivacyConfig(
+                target_delta=self.delta, population_size=self.population, max_epsilon=self.epsilon * (1 + 1e-6),
+                neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE, sampling_method=SamplingMethod.POISSON))
+            self.accountant.load_state_dict(dict(state["accountant"]))
 
     def privacy_spent(self) -> Any:
         """Flower's protocol: the (epsilon, delta) spent so far (PLD, Poisson sampling), or None before round 1."""

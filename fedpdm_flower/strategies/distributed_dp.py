@@ -31,7 +31,7 @@ before a round past the target; a round counts as a release as soon as its mask 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -155,6 +155,24 @@ class DistributedDP(SecureBuffers):
             raise ValueError(f"scale {scale:g} with z = {z:g}: a buffer of {members} could wrap the 2^32 ring")
         self.z, self.scale, self.l1, self.l2 = float(z), float(scale), d1, d2
         self.accountant = SkellamAccountant(no_amplification(self.delta, 1, max_epsilon=self.epsilon * (1 + 1e-6)))
+
+    # ------------------------------------------------------------------ checkpoints (strategies/checkpointed.py)
+    def state_dict(self) -> dict[str, Any]:
+        """SecureBuffers' state, the calibration (z, gamma, the sensitivities) and the accountant (its composed
+        releases): a resumed run keeps the noise it was calibrated with and continues the ledger."""
+        return {**super().state_dict(), "z": self.z, "scale": self.scale, "l1": self.l1, "l2": self.l2,
+                "releases": self._releases,
+                "accountant": None if self.accountant is None else self.accountant.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.z = None if state["z"] is None else float(state["z"])
+        self.scale = None if state["scale"] is None else float(state["scale"])
+        self.l1, self.l2, self._releases = float(state["l1"]), float(state["l2"]), int(state["releases"])
+        self.accountant = None
+        if state["accountant"] is not None:
+            self.accountant = SkellamAccountant(no_amplification(self.delta, 1, max_epsilon=self.epsilon * (1 + 1e-6)))
+            self.accountant.load_state_dict(dict(state["accountant"]))
 
     def _event(self) -> SkellamPrivacyEvent | None:
         assert self.z is not None

@@ -110,6 +110,19 @@ def _merge_metrics(metrics: MetricRecord | None, extra: Mapping[str, float]) -> 
     return out
 
 
+def generator_state(rng: np.random.Generator) -> dict[str, Any]:
+    """A numpy Generator's state as data (checkpoints): its bit generator's name and state."""
+    return dict(rng.bit_generator.state)
+
+
+def set_generator_state(rng: np.random.Generator, state: Mapping[str, Any], what: str) -> None:
+    """Put ``state`` (of :func:`generator_state`) into ``rng``; ValueError naming ``what`` if the kinds differ."""
+    kind = type(rng.bit_generator).__name__
+    if state.get("bit_generator") != kind:
+        raise ValueError(f"{what}: the checkpoint holds a {state.get('bit_generator')!r} generator, this one is {kind}")
+    rng.bit_generator.state = dict(state)
+
+
 def wrapped_chain(strategy: Strategy) -> list[Strategy]:
     """The strategies ``strategy`` wraps, outermost first (itself included), down to the innermost one."""
     chain = [strategy]
@@ -168,6 +181,9 @@ class StrategyWrapper(Strategy):
             raise TypeError(f"inner must be a Flower Message-API Strategy, got {type(inner).__name__}")
         if max_weight is not None and not (math.isfinite(max_weight) and max_weight > 0):
             raise ValueError(f"max_weight must be a finite number > 0 or None, got {max_weight!r}")
+        if type(inner).__name__ == "Checkpointed":
+            raise TypeError(f"{type(self).__name__}(Checkpointed(...)) cannot checkpoint: Checkpointed runs the rounds "
+                            "and must be the outermost strategy, e.g. Checkpointed(SecureBuffers(Robust(FedAvg())), dir)")
         self.inner = inner
         _check_composition(self)
         self.max_weight = max_weight
@@ -308,6 +324,22 @@ class StrategyWrapper(Strategy):
         log(INFO, "%s around %s", type(self).__name__, type(self.inner).__name__)
         self.inner.summary()
 
+    # ------------------------------------------------------------------ checkpoints (strategies/checkpointed.py)
+    def state_dict(self) -> dict[str, Any]:
+        """This layer's state between rounds, as data :mod:`fedpdm_flower.fedapp.checkpoint` can write -- not the inner
+        strategy's: :class:`fedpdm_flower.strategies.checkpointed.Checkpointed` walks the chain and saves each layer.
+
+        The screen keeps only its figures of the rounds done (:attr:`diagnostics`, so that a resumed run reports
+        every round as the uninterrupted one does): the layout is learnt again from each round's messages, the
+        round statistics start afresh. A subclass adds what it carries from one round to the next.
+        """
+        return {"diagnostics": [[rnd, dict(figures)] for rnd, figures in sorted(self._own_diagnostics.items())]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take the state of :meth:`state_dict` (before the first resumed round)."""
+        self._own_diagnostics = {int(rnd): {str(k): float(v) for k, v in figures.items()}
+                                 for rnd, figures in state.get("diagnostics", [])}
+
     # ------------------------------------------------------------------ the model and the replies
     def learn_layout(self, message: Message) -> None:
         """The layout of the model a train message carries (its one ArrayRecord)."""
@@ -427,6 +459,22 @@ class Compressed(StrategyWrapper):
         log(INFO, "Compressed: uplink=%s downlink=%s", getattr(self.uplink, "spec", None),
             getattr(self.downlink, "spec", None))
         super().summary()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The reference model r every synchronised client holds (with its layout and carried entries) and the
+        codec randomness. Which node holds r (``held``) is not kept: a resumed run cannot know which devices still
+        hold it (a device without its old ``context.state`` does not), so its first round sends every node the
+        dense model -- the same r, more bytes -- and compressed changes resume from the round after."""
+        return {**super().state_dict(), "rng": generator_state(self.rng), "reference": self.reference,
+                "carried": dict(self._carried), "layout": None if self.layout is None else self.layout.spec()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        set_generator_state(self.rng, state["rng"], "Compressed's codec randomness")
+        self.layout = None if state["layout"] is None else ArrayLayout.from_spec(state["layout"])
+        self.reference = None if state["reference"] is None else np.asarray(state["reference"], dtype=np.float64)
+        self._carried = dict(state["carried"])
+        self.held = {}
 
     def _as_sent(self, x: FloatArray) -> FloatArray:
         """x as a client reconstructs it: cast to the user's dtypes and back (both ends keep this one)."""
@@ -650,6 +698,19 @@ class SecureBuffers(StrategyWrapper):
         log(INFO, "SecureBuffers: s=%d t=%d clip=%g levels=%d max_weight=%g", self.buffer_size, self.threshold,
             self.clip, self.levels, self.weight_scale)
         super().summary()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The buffers' randomness (so the checkpoint, like a seed, lets whoever reads it predict the next buffers:
+        it belongs in the server operator's own directory). What cannot resume is not kept: a round whose buffers
+        were in flight is lost (its masked uploads are useless without the unmask step, and a device that already
+        masked in that round refuses to mask it again), and the nodes' signed keys belong to the crashed run's
+        label -- a resumed run has a fresh label (:attr:`run_label`) and asks every node for a new key in its first
+        round."""
+        return {**super().state_dict(), "buffer_rng": generator_state(self._buffer_rng)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        set_generator_state(self._buffer_rng, state["buffer_rng"], "SecureBuffers' buffer randomness")
 
     @property
     def exchange_timeout(self) -> float:
@@ -919,6 +980,14 @@ class Robust(StrategyWrapper):
     def summary(self) -> None:
         log(INFO, "Robust: aggregator=%s pre=%s", self.aggregator, self.pre)
         super().summary()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pre-aggregator's randomness (bucketing); the aggregators are stateless (fedapp.robust)."""
+        return {**super().state_dict(), "rng": generator_state(self.rng)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        set_generator_state(self.rng, state["rng"], "Robust's pre-aggregator randomness")
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         messages = list(super().configure_train(server_round, arrays, config, grid))

@@ -11,6 +11,7 @@ from torch import nn
 
 from fedpdm_flower.clients.dpq import DPQClient
 from fedpdm_flower.clients.fedpdm import FedPDMClient
+from fedpdm_flower.clients.iadmm import IADMMClient
 from fedpdm_flower.clients.recal import RecalClient
 from fedpdm_flower.fedapp.compression import TopK
 from fedpdm_flower.fedapp.privacy import PrivacyTarget
@@ -64,11 +65,24 @@ def recal_client(loader: Any) -> Any:
     return RecalClient(SoftmaxRegression(), loader, loss_fn=nn.CrossEntropyLoss(), lipschitz=softmax_lipschitz(loader))
 
 
+def objpm(rc: Any) -> Any:
+    """DP-IADMM's ObjPM (Ryu & Kim): each of the ``local-steps`` local solves (8) takes one DP-SGD step; the duals,
+    proximal terms and the average of the solves are post-processing. The global sample count I is asked from the
+    nodes before round 1 with the run's privacy plan. rho and eta are constants (the step of one solve on the
+    device's mean gradient is ``(I_p / I) / (1/eta + rho)``, about 0.6 here): the paper's schedules (24) and
+    1/sqrt(t) are tuned for 20 000 rounds of a linear model, not 3 rounds of a CNN."""
+    from fedpdm_flower.strategies.iadmm import DPIADMM
+
+    return DPIADMM(min_available_nodes=int(rc["min-nodes"]), local_updates=int(rc["local-steps"]), rho=0.2, eta=3.0,
+                   privacy=target(rc))
+
+
 #: algorithm key -> (strategy builder, client class); other families add their entry here
 ALGORITHMS: dict[str, tuple[Callable[[Any], Any], type[Any]]] = {
     "bsdp-fedpdm": (bsdp_fedpdm, FedPDMClient),
     "dp-recal": (dp_recal, RecalClient),
     "dpq-dsgd": (dpq_dsgd, DPQClient),
+    "dp-iadmm": (objpm, IADMMClient),
 }
 #: algorithm key -> how its client is built from the node's DataLoader, where not ``cls(Net(), loader, loss_fn)``
 CLIENTS: dict[str, Callable[[Any], Any]] = {"dp-recal": recal_client}

@@ -92,6 +92,32 @@ def backend() -> str:
         return "numpy"
 
 
+#: environment variable choosing the precision of the softmax-regression products ("float64" or "float32")
+DTYPE_VAR = "FEDAPP_IADMM_DTYPE"
+#: the precisions :class:`AgentData` computes its products in
+DTYPES = ("float64", "float32")
+
+
+def products_dtype(features: FloatArray | NDArray[np.float32], dtype: str | None = None) -> type[np.floating[Any]]:
+    """The floating type of X_p's products: ``dtype`` if given, else ``FEDAPP_IADMM_DTYPE``, else the features' own
+    (float32 features stay float32, anything else is float64).
+
+    Assumption (named): float32 products lose about 7 significant digits in the (I_p x J)(J x K) scores and the
+    (K x I_p)(I_p x J) gradient; the rest of a local solve (8) (the K x J update, the duals, the noise) stays float64,
+    so the rounding error enters once per product, far below the Laplace noise of any finite epsilon-bar. The
+    non-private MNIST test error moves by less than 0.1 point (tests/test_iadmm_precision.py). float64 is the default
+    for float64 features and the mode the exact-reference tests run in.
+    """
+    import os
+
+    choice = (dtype if dtype is not None else os.environ.get(DTYPE_VAR, "")).strip().lower()
+    if choice and choice not in DTYPES:
+        raise ValueError(f"the IADMM product precision must be one of {', '.join(DTYPES)} ({DTYPE_VAR}), got {choice!r}")
+    if choice:
+        return np.float32 if choice == "float32" else np.float64
+    return np.float32 if np.asarray(features).dtype == np.float32 else np.float64
+
+
 # --------------------------------------------------------------------------------------------- schedules
 def rho_schedule(t: int, epsilon: float, c1: float = RHO_MNIST[0], c2: float = RHO_MNIST[1],
                  period: int = RHO_MNIST[2], cap: float = RHO_CAP) -> float:
@@ -263,9 +289,14 @@ class AgentData:
         ||x_i||_1 per sample (computed when not given).
     device
         Torch device of :func:`residual` and :func:`gradient` (:data:`DEVICES`; ``"auto"`` is resolved here, so the
-        attribute holds ``"cpu"`` or ``"cuda"``). The arithmetic is float64 on every device; on ``"cuda"`` the agent's
-        X_p is copied to the GPU when the AgentData is built (once per run in the client) and each residual and
-        gradient is copied back, the rest of the step (element-wise) stays in numpy.
+        attribute holds ``"cpu"`` or ``"cuda"``). On ``"cuda"`` the agent's X_p is copied to the GPU when the
+        AgentData is built (once per run in the client) and each residual and gradient is copied back, the rest of
+        the step (element-wise) stays in numpy.
+    dtype
+        Precision of the products with X_p (:data:`DTYPES`; None: :func:`products_dtype`, float64 unless the
+        features are float32 or ``FEDAPP_IADMM_DTYPE=float32``). X_p is converted once, here; every residual and
+        gradient then runs in that precision without converting X_p again, and the gradient (K x J) is returned
+        in float64.
     """
 
     inputs: FloatArray
@@ -276,6 +307,7 @@ class AgentData:
     num_agents: int
     input_l1: FloatArray | None = field(default=None, repr=False)
     device: str = "cpu"
+    dtype: Any = None
     onehot: FloatArray = field(init=False, repr=False)
     #: torch views (no copy on the cpu) of inputs / onehot: the softmax-regression gradient runs on torch, measured
     #: 1.45x faster than numpy here (float64, one thread, 6000 x 784 agent: 8.2 ms vs 11.8-12.5 ms)
@@ -287,7 +319,13 @@ class AgentData:
             raise ValueError(f"inputs {self.inputs.shape} and labels {self.labels.shape} do not match")
         if self.total < self.inputs.shape[0]:
             raise ValueError(f"total I={self.total} is smaller than the agent's I_p={self.inputs.shape[0]}")
-        object.__setattr__(self, "onehot", np.eye(self.num_classes)[self.labels])
+        dt = products_dtype(self.inputs, None if self.dtype is None else str(np.dtype(self.dtype)))
+        object.__setattr__(self, "dtype", dt)
+        if self.input_l1 is None:  # ||x_i||_1 per sample (float64, from the given features; it is data-fixed)
+            object.__setattr__(self, "input_l1", row_l1(self.inputs))
+        if self.inputs.dtype != dt:  # once per agent: a float64 view of the user's features is kept as it is
+            object.__setattr__(self, "inputs", np.ascontiguousarray(self.inputs, dtype=dt))
+        object.__setattr__(self, "onehot", np.eye(self.num_classes, dtype=dt)[self.labels])
         dev = resolve_device(self.device)
         object.__setattr__(self, "device", dev)
         if dev == "cpu" and backend() == "numpy":  # no torch on this device: residual / gradient run in numpy
@@ -296,11 +334,9 @@ class AgentData:
         else:
             import torch
 
-            inputs = torch.from_numpy(np.ascontiguousarray(self.inputs, dtype=np.float64))
+            inputs = torch.from_numpy(np.ascontiguousarray(self.inputs))
             object.__setattr__(self, "_inputs_t", inputs.to(dev))  # .to("cpu") returns the same tensor
             object.__setattr__(self, "_onehot_t", torch.from_numpy(self.onehot).to(dev))
-        if self.input_l1 is None:  # ||x_i||_1 per sample; callers may pass it precomputed (it is data-fixed)
-            object.__setattr__(self, "input_l1", row_l1(self.inputs))
 
     @property
     def size(self) -> int:
@@ -314,18 +350,21 @@ class AgentData:
 
 
 def residual(data: AgentData, z: FloatArray) -> FloatArray:
-    """H_p(z) - Y_p, shape (I_p, K): row-wise softmax of the scores (max-subtracted) minus the one-hot labels."""
+    """H_p(z) - Y_p, shape (I_p, K): row-wise softmax of the scores (max-subtracted) minus the one-hot labels, in
+    the agent's product precision (``data.dtype``): one (I_p x J)(J x K) product, the rest in place."""
     if data._inputs_t is None:  # numpy backend
-        s = data.inputs @ np.asarray(z, dtype=np.float64).T
+        s = data.inputs @ np.asarray(z, dtype=data.dtype).T
         s -= s.max(axis=1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=1, keepdims=True)
-        return np.asarray(s - data.onehot, dtype=np.float64)
+        s -= data.onehot
+        return s
     import torch
 
-    zt = torch.from_numpy(np.ascontiguousarray(z, dtype=np.float64)).to(data.device)
+    zt = torch.from_numpy(np.ascontiguousarray(z, dtype=data.dtype)).to(data.device)
     s = data._inputs_t @ zt.T
-    return np.asarray((torch.softmax(s, dim=1) - data._onehot_t).cpu().numpy(), dtype=np.float64)  # softmax subtracts the max
+    out: FloatArray = (torch.softmax(s, dim=1) - data._onehot_t).cpu().numpy()  # softmax subtracts the max
+    return out
 
 
 def gradient(data: AgentData, z: FloatArray, res: FloatArray, normaliser: float | None = None) -> FloatArray:
@@ -334,18 +373,19 @@ def gradient(data: AgentData, z: FloatArray, res: FloatArray, normaliser: float 
     ``normaliser`` replaces I (OutP's reference code scales by the local count I_p, spec 5.2).
     """
     n = data.total if normaliser is None else normaliser
-    if data._inputs_t is None:  # numpy backend
-        return np.asarray((res.T @ data.inputs) / n + (2.0 * data.beta / data.num_agents) * z, dtype=np.float64)
-    import torch
+    r = np.asarray(res, dtype=data.dtype)  # no copy when res came from :func:`residual`
+    if data._inputs_t is None:  # numpy backend: one (K x I_p)(I_p x J) product in data.dtype
+        xr = r.T @ data.inputs
+    else:
+        import torch
 
-    rt = torch.from_numpy(np.ascontiguousarray(res, dtype=np.float64)).to(data.device)
-    xr = (rt.T @ data._inputs_t).cpu().numpy()
-    return np.asarray(xr / n + (2.0 * data.beta / data.num_agents) * z, dtype=np.float64)
+        xr = (torch.from_numpy(np.ascontiguousarray(r)).to(data.device).T @ data._inputs_t).cpu().numpy()
+    return np.asarray(xr, dtype=np.float64) / n + (2.0 * data.beta / data.num_agents) * np.asarray(z, dtype=np.float64)
 
 
 def objective(data: AgentData, z: FloatArray) -> float:
     """f_p(z) of (2c)/(63): ``-(1/I) sum_i ln h_{y_i}(z; x_i) + (beta / P) ||z||^2``; sum over p gives (1)."""
-    s = data.inputs @ z.T
+    s = np.asarray(data.inputs @ np.asarray(z, dtype=data.dtype).T, dtype=np.float64)  # I_p x K scores, then float64
     s -= s.max(axis=1, keepdims=True)
     logp = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
     ce = -float(logp[np.arange(data.size), data.labels].sum())
@@ -450,7 +490,7 @@ class MultinomialObjective:
         if self.sensitivity == "clipped":
             assert self._input_norm is not None
             rnorm = np.abs(res).sum(axis=1) if self.norm == 1 else np.sqrt(np.einsum("ik,ik->i", res, res))
-            res = res * clip_factors(self._input_norm * rnorm, self.clip)[:, None]
+            res = res * clip_factors(self._input_norm * rnorm, self.clip).astype(res.dtype)[:, None]
         g = gradient(data, zs, res, self.normaliser)
         if self.sensitivity == "paper":
             delta = sensitivity_paper(data, res)
@@ -530,7 +570,7 @@ class ModelObjective:
 
 def local_objective(model: Any, data: ArrayData | TorchData, *, total: int, beta: float, num_agents: int,
                     sensitivity: str | None, clip: float = 0.0, norm: int = 1, normaliser: float | None = None,
-                    device: str = "cpu", chunk: int = 256) -> LocalObjective:
+                    device: str = "cpu", chunk: int = 256, dtype: str | None = None) -> LocalObjective:
     """The :class:`LocalObjective` of a model under a sensitivity mode; a TypeError names what the model lacks.
 
     * ``"paper"`` and ``"bounded"`` are closed forms of the paper's multinomial logistic model (63): they need a
@@ -546,7 +586,7 @@ def local_objective(model: Any, data: ArrayData | TorchData, *, total: int, beta
         inputs = model.inputs(np.asarray(x))  # a view of the user's features: BLAS reads the strided rows
         if sensitivity == "bounded":
             inputs = clip_rows_l1(inputs, clip)
-        agent = AgentData(inputs, np.asarray(y), model.num_classes, total, beta, num_agents, device=device)
+        agent = AgentData(inputs, np.asarray(y), model.num_classes, total, beta, num_agents, device=device, dtype=dtype)
         return MultinomialObjective(agent, sensitivity, clip, norm=norm, normaliser=normaliser)
     if sensitivity in ("paper", "bounded"):
         raise TypeError(
@@ -555,6 +595,58 @@ def local_objective(model: Any, data: ArrayData | TorchData, *, total: int, beta
             "per-sample gradient clipping bound clip=C")
     return ModelObjective(model, data, total, beta, num_agents, clip=clip if sensitivity == "clipped" else None,
                           norm=norm, normaliser=normaliser, chunk=chunk)
+
+
+class DPSGDObjective:
+    """f_p' of (2c) replaced by its record-level DP-SGD release: the rigorous mechanism of the local solves.
+
+    The closed form of (8) (spec 2.2) shows that a perturbed local solve is a proximal step on ``f_p'(z) + xi``:
+    the data enter only through the gradient. Here that gradient is the DP-SGD release of the core
+    (:class:`fedpdm_flower.fedapp.privacy.dpsgd.DPSGDStep`): a Poisson sample of the agent's records drawn from the
+    device's own randomness (rate q), every record's gradient clipped to L2 norm C, Gaussian noise N(0, z^2 C^2 I)
+    on the clipped sum, divided by the expected batch q n. Scaled by n / I, the weight of the agent's data term in
+    (2c), the data part of the solve's gradient is
+
+        ``(sum_{j in B} clip_C(g_j) + N(0, z^2 C^2 I)) / (q I)``,
+
+    an unbiased estimate of the clipped ``(1/I) sum_j g_j`` whose noise is the Gaussian xi of objective perturbation
+    (8) with std ``z C / (q I)`` per coordinate; ``(2 beta / P) z`` (and a model's own l2 term) does not depend on the
+    data and is added after the noise. Everything a solve then does with it -- the proximal term, w^{t+1}, lambda_p,
+    the average of the E iterates (line 21), the dual update (4c) -- is post-processing, so a round of E solves
+    releases E steps of the Poisson-subsampled Gaussian mechanism (the device's ledger charges exactly those).
+
+    Parameters
+    ----------
+    step
+        The participation's DP-SGD oracle (``step(x)`` is the noisy mean-loss gradient at x; ``step.n`` the agent's
+        record count), built by the client from the message's mechanism and the device's randomness.
+    total
+        I, or the normaliser of the data term (OutP's reference code scales by the local count I_p: then ``total``
+        is n and the scale is 1).
+    beta, num_agents
+        beta and P of (2c).
+    """
+
+    def __init__(self, step: Any, total: float, beta: float, num_agents: int) -> None:
+        if not total >= 1:
+            raise ValueError(f"the data term's normaliser I must be >= 1, got {total!r}")
+        self.step, self.total, self.beta, self.num_agents = step, float(total), float(beta), int(num_agents)
+
+    @property
+    def size(self) -> int:
+        return int(self.step.n)
+
+    def terms(self, z: FloatArray) -> tuple[FloatArray, float]:
+        """``(n / I) g~(z) + (2 beta / P) z`` and sensitivity 0 (no Laplace noise: the Gaussian is already in g~)."""
+        flat = np.asarray(z, dtype=np.float64).reshape(-1)
+        g = (self.size / self.total) * np.asarray(self.step(flat), dtype=np.float64)
+        g += (2.0 * self.beta / self.num_agents) * flat
+        return g.reshape(np.shape(z)), 0.0
+
+    def noise_std(self) -> float:
+        """The std of the Gaussian xi per coordinate of the solve's gradient: ``z C / (q I)``."""
+        m = self.step.mechanism
+        return float(m.noise_multiplier * m.clip_norm / (m.sample_rate * self.total))
 
 
 # --------------------------------------------------------------------------------------------- one local solve
@@ -645,6 +737,20 @@ def server_w_update(zs: FloatArray, lams: FloatArray, rho: float) -> FloatArray:
     return np.asarray(np.mean(zs - lams / rho, axis=0), dtype=np.float64)
 
 
+def consensus_term(z: FloatArray, lam: FloatArray, rho: float) -> FloatArray:
+    """Agent p's summand of (4a), ``z_p - lambda_p / rho``: the server's w is the plain mean of these.
+
+    The mean form of Algorithm 1 (:class:`fedpdm_flower.strategies.iadmm.IADMMMean`) has every agent upload this
+    term, computed with its own dual, so the server's step is a mean (secure aggregation can compute it) and keeps no
+    dual copy. In Algorithm 1's order the term is ``z_p^{t+1} - lambda_p^{t+1} / rho^{t+1}`` (line 5 of round t+1,
+    the dual of line 23 already applied); in Huang's order (OutP) ``z~_p^{k+1} - lambda_p^k / rho_k``. Noise added to
+    the mean (distributed DP) then enters w once: the agents' duals are updated against the w they receive, and the
+    next mean is rebuilt from those duals, so it does not accumulate as it would in a server-side copy of
+    ``sum_p lambda_p`` updated from noisy sums.
+    """
+    return np.asarray(z - lam / rho, dtype=np.float64)
+
+
 def dual_update(lam: FloatArray, w: FloatArray, z: FloatArray, rho: float) -> FloatArray:
     """(4c), Algorithm 1 lines 8 and 23: ``lambda + rho (w - z)``; server and agent call this same function."""
     return np.asarray(lam + rho * (w - z), dtype=np.float64)
@@ -705,3 +811,161 @@ def outp_step(objective: LocalObjective, z: FloatArray, w: FloatArray, lam: Floa
     clean = local_step(z, w, lam, g, 0.0, rho, 1.0 / inv_eta)
     noisy = add_gaussian_noise(clean, std, rng)
     return noisy, float(np.mean(np.abs(noisy - clean)))
+
+
+# --------------------------------------------------------------------------------------------- the paper's mechanisms
+@dataclass(frozen=True)
+class ObjectivePerturbation:
+    """The paper's own mechanism, as a ``privacy=`` setting of DP-IADMM: the reproduction setting.
+
+    Every local solve (8) carries the random linear term <xi, z>, xi i.i.d. Laplace(0, Delta / epsilon-bar) (9a), so
+    each solve is epsilon-bar-DP (Theorem 1) when Delta bounds the L1 sensitivity of the gradient's data term (9b).
+    The paper states per-solve DP only (Remark 1); the devices report the composition over every solve beside it:
+    basic (t E epsilon-bar) and Renyi DP (:func:`fedpdm_flower.fedapp.privacy.laplace.laplace_rdp_epsilon`, the
+    rigorous figure, 12.2 for the 2 000 solves of ObjPM at 0.05 over 200 rounds, at delta = 1e-5).
+
+    The full-batch solve claims no amplification by subsampling, and the noise does not shrink with the data: the
+    record-level route that learns at an honest epsilon is ``privacy=PrivacyTarget(...)`` (DP-SGD in the solves).
+
+    Parameters
+    ----------
+    epsilon_bar
+        epsilon-bar, the budget of each local solve (the paper: 0.05, 0.1, 1, 5). No default.
+    sensitivity_mode
+        ``"paper"`` (default): Section IV's Delta = ``(1/I) max_i ||x_i||_1 ||h(z; x_i) - y_i||_1`` at every iterate,
+        model (63) only; data-dependent and not a bound (spec A2), so **no guarantee holds** and the figures the
+        devices report are what the run would spend if it were one. ``"bounded"``: features L1-clipped to ``clip``
+        = C1, Delta = 4 C1 / I (model (63) only; rigorous). ``"clipped"``: every per-record gradient clipped to L1
+        norm ``clip`` = C, Delta = 2 C / I (any model with per-record gradients; rigorous).
+    clip
+        C1 of ``"bounded"`` or C of ``"clipped"`` (required there; None with ``"paper"``).
+    delta
+        The delta at which the devices report the Renyi-DP composition (default 1e-5, the project's one default).
+    """
+
+    epsilon_bar: float
+    sensitivity_mode: str = "paper"
+    clip: float | None = None
+    delta: float = 1e-5
+
+    kind = "laplace-objective"
+
+    def __post_init__(self) -> None:
+        e = self.epsilon_bar
+        if isinstance(e, bool) or not isinstance(e, int | float) or not (math.isfinite(e) and e > 0):
+            raise ValueError(f"ObjectivePerturbation epsilon_bar must be a finite number > 0, got {e!r}")
+        if self.sensitivity_mode not in SENSITIVITY_MODES:
+            raise ValueError(f"ObjectivePerturbation sensitivity_mode must be one of {list(SENSITIVITY_MODES)}, "
+                             f"got {self.sensitivity_mode!r}")
+        if self.sensitivity_mode == "paper" and self.clip is not None:
+            raise ValueError("ObjectivePerturbation clip applies to sensitivity_mode 'bounded' (C1) and 'clipped' (C), "
+                             "not 'paper'")
+        if self.sensitivity_mode != "paper":
+            c = self.clip
+            if c is None:
+                raise ValueError(f"ObjectivePerturbation sensitivity_mode {self.sensitivity_mode!r} needs its clipping "
+                                 "bound: pass clip=C > 0")
+            if isinstance(c, bool) or not isinstance(c, int | float) or not (math.isfinite(c) and c > 0):
+                raise ValueError(f"ObjectivePerturbation clip must be a finite number > 0, got {c!r}")
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"ObjectivePerturbation delta must lie in (0, 1), got {self.delta!r}")
+
+    @property
+    def rigorous(self) -> bool:
+        """Whether Delta bounds the sensitivity (``"bounded"`` / ``"clipped"``), so the reported figures are guarantees."""
+        return self.sensitivity_mode != "paper"
+
+    def epsilon(self, solves: int) -> float:
+        """Renyi-DP composition of ``solves`` epsilon-bar-DP solves at ``delta`` (a guarantee iff :attr:`rigorous`)."""
+        from fedpdm_flower.fedapp.privacy.laplace import laplace_rdp_epsilon
+
+        return laplace_rdp_epsilon(solves, float(self.epsilon_bar), self.delta)
+
+    def message_config(self) -> dict[str, float | int | str | bool]:
+        """The keys the agents read (``dp-mechanism`` names this mechanism)."""
+        cfg: dict[str, float | int | str | bool] = {
+            "dp": True, "dp-mechanism": self.kind, "epsilon": float(self.epsilon_bar),
+            "sensitivity-mode": self.sensitivity_mode, "dp-delta": self.delta}
+        if self.clip is not None:
+            cfg["clip"] = float(self.clip)
+        return cfg
+
+
+@dataclass(frozen=True)
+class OutputPerturbation:
+    """The OutP baseline's own mechanism (the paper's reference code, spec 5.2), as a ``privacy=`` setting of OutP.
+
+    Each step's output gets N(0, sigma^2) with the classical Gaussian-mechanism calibration for (epsilon-bar,
+    delta-bar) per step, ``sigma = Delta_2 sqrt(2 ln(1.25 / delta-bar)) / epsilon-bar`` (:func:`outp_sigma`), on the
+    L2 sensitivity ``Delta_2`` of the step's output. Its noise multiplier ``sigma / Delta_2`` is the same every step,
+    so the run's rigorous figure is the Renyi-DP composition of those Gaussian releases without amplification
+    (full batch): :meth:`epsilon`.
+
+    Parameters
+    ----------
+    epsilon_bar, delta_bar
+        (epsilon-bar, delta-bar) of each step (the paper: delta-bar = 1e-6). No default for epsilon_bar.
+    sensitivity_mode
+        ``"reference"`` (default): the reference code's ``Delta_2 = 2 / (rho + 1/eta)``, Huang's bound c1 = I_p on
+        a record's gradient. It holds whenever every record's gradient norm is at most I_p: for softmax regression
+        on pixels in [0, 1] that norm is ``||x||_2 ||h - y||_2 <= 28 sqrt(2) = 39.6`` on MNIST, far below
+        I_p = 6 000, so the bound is valid there (and about 150 times looser than needed). ``"clipped"``: every
+        record's gradient clipped to L2 norm ``clip`` = C, ``Delta_2 = 2 C / (n (rho + 1/eta))``.
+    clip
+        C of ``"clipped"`` (required there; None with ``"reference"``).
+    noise_std
+        ``"sigma"`` (default) or ``"sigma-squared"``: the reference code's bug, sigma^2 used as the std (spec A9);
+        with it the reported figures are not guarantees.
+    delta
+        The delta at which the devices report the composition (default 1e-5).
+    """
+
+    epsilon_bar: float
+    delta_bar: float = 1e-6
+    sensitivity_mode: str = "reference"
+    clip: float | None = None
+    noise_std: str = "sigma"
+    delta: float = 1e-5
+
+    kind = "gaussian-output"
+
+    def __post_init__(self) -> None:
+        e = self.epsilon_bar
+        if isinstance(e, bool) or not isinstance(e, int | float) or not (math.isfinite(e) and e > 0):
+            raise ValueError(f"OutputPerturbation epsilon_bar must be a finite number > 0, got {e!r}")
+        for name, v in (("delta_bar", self.delta_bar), ("delta", self.delta)):
+            if isinstance(v, bool) or not isinstance(v, float) or not 0.0 < v < 1.0:
+                raise ValueError(f"OutputPerturbation {name} must be a float in (0, 1), got {v!r}")
+        if self.sensitivity_mode not in OUTP_SENSITIVITY_MODES:
+            raise ValueError(f"OutputPerturbation sensitivity_mode must be one of {list(OUTP_SENSITIVITY_MODES)}, "
+                             f"got {self.sensitivity_mode!r}")
+        if self.noise_std not in ("sigma", "sigma-squared"):
+            raise ValueError(f"OutputPerturbation noise_std must be 'sigma' or 'sigma-squared', got {self.noise_std!r}")
+        if self.sensitivity_mode == "reference" and self.clip is not None:
+            raise ValueError("OutputPerturbation clip applies to sensitivity_mode 'clipped', not 'reference'")
+        if self.sensitivity_mode == "clipped":
+            c = self.clip
+            if c is None:
+                raise ValueError("OutputPerturbation sensitivity_mode 'clipped' needs its clipping bound: pass clip=C")
+            if isinstance(c, bool) or not isinstance(c, int | float) or not (math.isfinite(c) and c > 0):
+                raise ValueError(f"OutputPerturbation clip must be a finite number > 0, got {c!r}")
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / Delta_2 of every step: ``sqrt(2 ln(1.25 / delta-bar)) / epsilon-bar``."""
+        return math.sqrt(2.0 * math.log(1.25 / self.delta_bar)) / float(self.epsilon_bar)
+
+    def epsilon(self, steps: int) -> float:
+        """Renyi-DP composition (Opacus's accountant, sample rate 1) of ``steps`` releases at :attr:`noise_multiplier`."""
+        from fedpdm_flower.fedapp.privacy.dpsgd import dpsgd_epsilon
+
+        return 0.0 if steps == 0 else dpsgd_epsilon(self.noise_multiplier, 1.0, steps, self.delta)
+
+    def message_config(self) -> dict[str, float | int | str | bool]:
+        """The keys the agents read."""
+        cfg: dict[str, float | int | str | bool] = {
+            "dp": True, "dp-mechanism": self.kind, "epsilon": float(self.epsilon_bar), "delta": self.delta_bar,
+            "sensitivity-mode": self.sensitivity_mode, "noise-std": self.noise_std, "dp-delta": self.delta}
+        if self.clip is not None:
+            cfg["clip"] = float(self.clip)
+        return cfg

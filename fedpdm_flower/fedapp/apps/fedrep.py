@@ -243,7 +243,7 @@ def flower_robust_client(cfg: RunConfig, context: Context) -> MomentumSGDClient:
 # ---------------------------------------------------------------------------------------------- run-config rules
 def _check_torch_setup(cfg: RunConfig) -> None:
     """Rules every FedREP-setup algorithm shares: a torch network, fewer Byzantine clients than clients."""
-    from fedpdm_flower.fedapp.models.torch_net import TORCH_MODELS
+    from fedpdm_flower.fedapp.models.base import TORCH_MODELS
 
     if cfg.model not in TORCH_MODELS:
         raise ConfigError(f"run config key 'model' is {cfg.model!r}; {cfg.algorithm} trains a torch network: "

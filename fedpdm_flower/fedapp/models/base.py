@@ -83,6 +83,19 @@ class LinearModel(ABC):
         return rng.normal(0.0, std, size=self.dim)
 
 
+#: the torch model zoo: model key -> (constructor(num_classes) -> module, expected input shape without the batch
+#: dimension). Here, not in :mod:`fedpdm_flower.fedapp.models.torch_net`, so that asking whether a run trains a torch
+#: network does not import torch (a numpy run's server and devices never do)
+TORCH_MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "tiny-cnn": ("fedpdm_flower.fedapp.models.cnn:TinyCNN", (1, 28, 28)),
+    "lenet5": ("fedpdm_flower.fedapp.models.cnn:LeNet5", (1, 28, 28)),
+    "lenet5-valid": ("fedpdm_flower.fedapp.models.cnn:LeNet5Valid", (1, 28, 28)),
+    "cnn": ("fedpdm_flower.fedapp.models.cnn:SmallCNN", (1, 28, 28)),
+    "resnet20": ("fedpdm_flower.fedapp.models.resnet:ResNet20", (3, 32, 32)),
+    "softmax-nobias": ("fedpdm_flower.fedapp.models.cnn:SoftmaxRegression", (1, 28, 28)),
+}
+
+
 def make_model(name: str, num_classes: int, num_features: int, *, beta: float = 0.0) -> LinearModel:
     """Build a numpy model by name: "l1-logistic" (eqs. 40-42), "multinomial" (softmax regression) or
     "multinomial-nobias" (seed 002's eq. (63): softmax regression without the bias column; ``num_features`` counts

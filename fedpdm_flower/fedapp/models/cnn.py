@@ -145,3 +145,21 @@ class LeNet5Valid(LeNet5):
     """
 
     padding = 0
+
+
+class SoftmaxRegression(nn.Module):
+    """Seed 002's model (63) as a torch module: softmax regression on the 784 pixels, no bias (``softmax-nobias``).
+
+    The same model as the numpy ``multinomial-nobias`` that DP-IADMM trains; the torch form lets Flower's FedAvg
+    references of ``bench --suite dp-seeds`` (DeviceDPSGD, CentralDP) train it on the same task.
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_channels * 28 * 28, num_classes, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch shaped (B, C, 28, 28), or (B, 784[+1]) flat features (a bias column is dropped)."""
+        if x.dim() == 2:
+            x = x[:, : self.fc.in_features]
+        return self.fc(x.flatten(1))  # type: ignore[no-any-return]

@@ -23,17 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpdm_flower.fedapp.models.base import TORCH_MODELS
 from fedpdm_flower.fedapp.models.torch_model import TorchModel
 
-#: model key -> (constructor(num_classes) -> module, expected input shape without the batch dimension)
-TORCH_MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
-    "tiny-cnn": ("fedpdm_flower.fedapp.models.cnn:TinyCNN", (1, 28, 28)),
-    "lenet5": ("fedpdm_flower.fedapp.models.cnn:LeNet5", (1, 28, 28)),
-    "lenet5-valid": ("fedpdm_flower.fedapp.models.cnn:LeNet5Valid", (1, 28, 28)),
-    "cnn": ("fedpdm_flower.fedapp.models.cnn:SmallCNN", (1, 28, 28)),
-    "resnet20": ("fedpdm_flower.fedapp.models.resnet:ResNet20", (3, 32, 32)),
-}
-
+__all__ = ["TORCH_MODELS", "TorchNet"]
 
 def _constructor(path: str) -> Callable[..., nn.Module]:
     import importlib

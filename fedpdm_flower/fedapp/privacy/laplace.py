@@ -79,3 +79,43 @@ def advanced_composition(k: int, epsilon: float, delta_prime: float, delta: floa
     growth = math.expm1(epsilon) if epsilon <= _MAX_EXP_ARG else math.inf
     eps = math.sqrt(2.0 * k * math.log(1.0 / delta_prime)) * epsilon + k * epsilon * growth
     return eps, k * delta + delta_prime
+
+
+def laplace_rdp_epsilon(count: int, epsilon: float, delta: float) -> float:
+    """epsilon at ``delta`` of ``count`` adaptively composed epsilon-DP Laplace releases, under Renyi DP.
+
+    Each release is the Laplace mechanism with scale b = Delta / epsilon on a quantity of L1 sensitivity Delta
+    (DP-IADMM's local solve, (9a)); its exact RDP is Mironov's Prop. 6 (2017), and RDP composes by addition and
+    converts to (epsilon, delta) (dp-accounting's ``RdpAccountant`` with its ``LaplaceDpEvent``, whose noise
+    multiplier is b / Delta = 1 / epsilon). For a vector the bound is the scalar one: the RDP of a shift is convex in
+    its size and 0 at 0, so spreading the shift Delta over coordinates never costs more than putting it on one.
+
+    Far tighter than :func:`basic_composition` over many releases (2 000 solves at 0.05: 12.2 instead of 100 at
+    delta = 1e-5). Valid only when Delta really bounds the sensitivity: the paper's data-dependent Delta does not
+    (spec A2), so for ``sensitivity_mode="paper"`` this is what the run would spend if it did.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count must be an integer >= 0, got {count!r}")
+    return compose_laplace([(epsilon, count)], delta)
+
+
+def compose_laplace(history: list[tuple[float, int]], delta: float) -> float:
+    """:func:`laplace_rdp_epsilon` of a history ``[(epsilon, count), ...]`` of Laplace releases (each epsilon-DP),
+    capped by their pure composition ``sum count epsilon`` (also a bound)."""
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    for eps, n in history:
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"epsilon must be a finite number > 0, got {eps!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"count must be an integer >= 0, got {n!r}")
+    live = [(float(e), int(n)) for e, n in history if n > 0]
+    if not live:
+        return 0.0
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import RdpAccountant
+
+    acc = RdpAccountant()
+    for eps, n in live:
+        acc.compose(dp_event.LaplaceDpEvent(1.0 / eps), n)
+    return float(min(acc.get_epsilon(delta), sum(e * n for e, n in live)))

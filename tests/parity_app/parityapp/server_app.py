@@ -56,7 +56,7 @@ def build(name: str, n: int, rounds: int) -> Any:
         "fedrep": lambda: FedREP(conspar=ConSpar(0.5), buffer_size=2, **federation),
         "fedrep-plain": lambda: FedREP(conspar=ConSpar(0.5), buffer_size=2, masked=False, **federation),
         # ObjP's (9a) needs I, the federation's number of samples; the user knows it (its own partitions)
-        "objp": lambda: ObjP(epsilon=None, total_samples=TOTAL_SAMPLES, **federation),
+        "objp": lambda: ObjP(privacy=None, total_samples=TOTAL_SAMPLES, **federation),
         "dp-recal": lambda: DPRECAL(graph="ring", privacy=None, mode="exact", **federation),
         "dpq-dsgd": lambda: DPQDSGD(privacy=None, q_step=0.0, horizon=2, evaluate_average=True, **federation),
         "robust": lambda: Robust(fedavg(n), GeometricMedian()),
