@@ -29,7 +29,7 @@ def _paper() -> Cell:
 
 
 ROWS = [Row(
-    name="BSDP-FedPDM (seed 000)",
+    name="BSDP-FedPDM",
     task=f"MNIST, {TASK['num-clients']} devices x {TASK['samples-per-client']} records, "
          f"{TASK['labels-per-client']} labels each, tiny-cnn, {TASK['num-server-rounds']} rounds",
     cells={

@@ -50,7 +50,7 @@ def dpq_dsgd(rc: Any) -> Any:
 
 
 def bsdp_fedpdm(rc: Any) -> Any:
-    """BSDP-FedPDM (seed 000): DP-SGD steps in (8a), top-50 % up, top-75 % down."""
+    """BSDP-FedPDM (Li et al.): DP-SGD steps in (8a), top-50 % up, top-75 % down."""
     from fedpdm_flower.strategies.fedpdm import BSDPFedPDM
 
     return BSDPFedPDM(fraction_train=1.0, min_available_nodes=int(rc["min-nodes"]), rho=0.1, gamma=0.0,
