@@ -79,7 +79,7 @@ ALGORITHMS: dict[str, tuple[Any, Any, dict[str, Any], int, int | None]] = {
               IADMMClient, {}, 2, None),
     "outp": (lambda: OutP(privacy=None, min_available_nodes=N, seed=0, total_samples=N * SAMPLES), OutPClient, {}, 2,
              None),
-    "dpq-dsgd (no noise)": (lambda: DPQDSGD(min_available_nodes=N, variant="dsgd", horizon=10, seed=0, evaluate_average=True),
+    "dpq-dsgd (no noise)": (lambda: DPQDSGD(min_available_nodes=N, privacy=None, q_step=0.0, horizon=10, seed=0, evaluate_average=True),
                             DPQClient, {"share_model": True}, 3, None),
 }
 
