@@ -10,6 +10,7 @@ secret from the adversary: :class:`fedpdm_flower.strategies.central_dp.CentralDP
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -62,6 +63,7 @@ def _root(excess: Callable[[float], float], lo: float, hi: float, lower: float, 
     Raises ValueError("below") / ValueError("above") when the root lies outside [lower, upper]."""
     from scipy.optimize import brentq
 
+    excess = functools.lru_cache(maxsize=None)(excess)  # brentq evaluates the bracket ends again: seconds each
     f_hi = excess(hi)
     while f_hi > 0:
         if hi >= upper:
