@@ -1,7 +1,7 @@
 """DP-IADMM's rows of ``bench --suite dp-seeds`` (simulations/dp_rows/iadmm.py) run and report what they ran.
 
 The bench's own task (10 agents of 6 000 MNIST images, 50 rounds) takes most of an hour; here the same row builder
-runs ObjPM (E = 10) on a small synthetic task (4 agents of 300 records, 3 rounds = 30 solves per agent), and each
+runs ObjPM (E = 10) on a small synthetic task (4 agents of 2,000 records, 20 rounds = 200 solves per agent), and each
 cell's figures are checked against an independent computation: the paper cell's composed epsilon lies between
 dp-accounting's PLD of the same 30 Laplace releases (tighter than any RDP bound) and Mironov's RDP of the Laplace
 mechanism (Prop. 6) composed and converted by hand with the classic conversion (looser than dp-accounting's).
@@ -16,8 +16,8 @@ import pytest
 from simulations.dp_rows import iadmm as iadmm_rows
 from simulations.dp_seeds import COLUMNS, Cell, rows, table
 
-ROUNDS, E, PAPER_EPS, DELTA = 3, 10, iadmm_rows.PAPER_EPSILON, 1e-5
-TINY = {**iadmm_rows.TASK, "dataset": "synthetic", "num-clients": 4, "clients-per-round": 4, "samples-per-client": 300,
+ROUNDS, E, PAPER_EPS, DELTA = 20, 10, iadmm_rows.PAPER_EPSILON, 1e-5
+TINY = {**iadmm_rows.TASK, "dataset": "synthetic", "num-clients": 4, "clients-per-round": 4, "samples-per-client": 2000,
         "num-server-rounds": ROUNDS, "eval-every": ROUNDS}
 
 
@@ -53,7 +53,10 @@ def test_dpsgd_cell_spends_its_target_under_rdp_and_learns(objpm_cells: dict[str
     assert cell.mbytes is not None and cell.mbytes > 0
     assert plain.epsilon is None
     assert cell.accuracy is not None and plain.accuracy is not None
-    assert cell.accuracy > 0.5 and plain.accuracy > 0.5  # 4 classes: chance 0.25
+    # 4 classes: chance 0.25. The devices' DP-SGD draws are unseeded by design (their own entropy), so the accuracy
+    # varies run to run: 30 repeats of this cell measured at least 0.854 (mean 0.93); at 300 records x 3 rounds it spread
+    # 0.32-0.84 and failed CI once, which is why the task is this size.
+    assert cell.accuracy > 0.5 and plain.accuracy > 0.5
 
 
 def test_paper_cell_reports_the_composition_of_its_laplace_solves(objpm_cells: dict[str, Cell]) -> None:
