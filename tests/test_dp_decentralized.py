@@ -27,7 +27,7 @@ from fedpdm_flower.clients.recal_baselines import NidsClient, PGExtraClient, RWA
 from fedpdm_flower.fedapp.algorithms.recal import LocalLeastSquares
 from fedpdm_flower.fedapp.models.least_squares import LeastSquares
 from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDLedger, clip_rows, dpsgd_epsilon
-from fedpdm_flower.fedapp.privacy.target import NoPrivacyWarning, PrivacyTarget
+from fedpdm_flower.fedapp.privacy.target import PrivacyNotChosen, PrivacyTarget
 from fedpdm_flower.fedapp.privacy.zcdp import Theorem3Calibration
 from fedpdm_flower.strategies.base import RoundFailed
 from fedpdm_flower.strategies.recal import DPRECAL
@@ -70,11 +70,12 @@ def recal_agent(context: Context, **kw: Any) -> RecalClient:
 
 # ----------------------------------------------------------------------------- the vocabulary, bad input
 @pytest.mark.parametrize("cls", [DPRECAL, DPNids, DPPGExtra, DPRWAdmm])
-def test_a_dp_strategy_without_privacy_warns_and_says_what_to_pass(cls: Any) -> None:
-    with pytest.warns(NoPrivacyWarning, match=r"WITHOUT noise.*Pass privacy=PrivacyTarget\(epsilon=\.\.\., "
-                                              r"sample_rate=\.\.\.\).*Theorem3Calibration.*privacy=None.*"
-                                              r"No epsilon is chosen for you"):
-        strategy = cls(min_available_nodes=N)
+def test_a_dp_strategy_without_privacy_refuses_and_says_what_to_pass(cls: Any) -> None:
+    with pytest.raises(PrivacyNotChosen, match=r"needs privacy=: pass privacy=PrivacyTarget\(epsilon=\.\.\., "
+                                               r"sample_rate=\.\.\.\).*Theorem3Calibration.*privacy=None.*"
+                                               r"No epsilon is chosen for you"):
+        cls(min_available_nodes=N)
+    strategy = cls(min_available_nodes=N, privacy=None)
     assert strategy.dpsgd is None and strategy.paper is None
 
 
@@ -272,12 +273,13 @@ def _dpq_run(rounds: int, q_step: float, target: PrivacyTarget = FULL, **kw: Any
                        num_rounds=rounds, initial_arrays=W0)
 
 
-def test_dpq_without_privacy_warns_and_says_what_to_pass() -> None:
+def test_dpq_without_privacy_refuses_and_says_what_to_pass() -> None:
     from fedpdm_flower.strategies.dpq import DPQDSGD
 
-    with pytest.warns(NoPrivacyWarning, match=r"DPQDSGD is a differentially private strategy built without privacy=: "
-                                              r"it trains WITHOUT noise.*PrivacyTarget.*TimeVaryingNoise"):
-        strategy = DPQDSGD(min_available_nodes=N)
+    with pytest.raises(PrivacyNotChosen, match=r"DPQDSGD is a differentially private strategy and needs privacy=: "
+                                               r".*PrivacyTarget.*TimeVaryingNoise"):
+        DPQDSGD(min_available_nodes=N)
+    strategy = DPQDSGD(min_available_nodes=N, privacy=None)
     assert strategy.target is None and strategy.paper is None and strategy.variant == "quant-only"
 
 

@@ -34,7 +34,7 @@ from fedpdm_flower.fedapp.privacy.dpsgd import (
     poisson_sample,
     recompute_epsilon,
 )
-from fedpdm_flower.fedapp.privacy.target import MISSING, NoPrivacyWarning, PrivacyTarget, require_privacy
+from fedpdm_flower.fedapp.privacy.target import MISSING, PrivacyNotChosen, PrivacyTarget, require_privacy
 
 
 def _linear_data(rng: np.random.Generator, n: int = 12, m: int = 3, f: int = 5) -> tuple[Any, Any]:
@@ -231,7 +231,8 @@ def test_a_target_calibrates_for_every_step_of_the_horizon_and_dp_named_strategi
         < m.noise_multiplier  # calibrated for 6 participations, not 12
     assert DPSGDMechanism.from_config(t.message_config(m)) == m
     assert PrivacyTarget(epsilon=1.0).delta == 1e-5
-    with pytest.warns(NoPrivacyWarning, match=r"MyDP is a differentially private strategy built without privacy=: "
-                      r"it trains WITHOUT noise .* Pass privacy=PrivacyTarget"):
-        assert require_privacy(MISSING, "MyDP") is None
+    with pytest.raises(PrivacyNotChosen, match=r"MyDP is a differentially private strategy and needs privacy=: "
+                       r"pass privacy=PrivacyTarget"):
+        require_privacy(MISSING, "MyDP")
+    assert issubclass(PrivacyNotChosen, TypeError)  # a missing required argument, as Python reports one
     assert require_privacy(None, "MyDP") is None and require_privacy(t, "MyDP") is t

@@ -23,7 +23,7 @@ from fedpdm_flower.clients.fedpdm import FedPDMClient
 from fedpdm_flower.fedapp.compression import TopK
 from fedpdm_flower.fedapp.privacy import Eq36Calibration, PrivacyTarget
 from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDLedger, recompute_epsilon
-from fedpdm_flower.fedapp.privacy.target import NoPrivacyWarning
+from fedpdm_flower.fedapp.privacy.target import PrivacyNotChosen
 from fedpdm_flower.strategies.fedpdm import BSDPFedPDM, DPFedPDM
 from simulations.inprocess import run_clients
 
@@ -124,9 +124,10 @@ def test_the_device_floor_refuses_before_any_training_and_nothing_is_charged() -
 
 
 def test_bad_input_is_refused_before_round_1_naming_the_knob() -> None:
-    with pytest.warns(NoPrivacyWarning, match=r"BSDPFedPDM is a differentially private strategy built without "
-                      r"privacy=: it trains WITHOUT noise"):
-        assert BSDPFedPDM(min_available_nodes=1).privacy is None
+    with pytest.raises(PrivacyNotChosen, match=r"BSDPFedPDM is a differentially private strategy and needs "
+                       r"privacy=: .*Eq36Calibration.*privacy=None"):
+        BSDPFedPDM(min_available_nodes=1)
+    assert BSDPFedPDM(min_available_nodes=1, privacy=None).privacy is None
     with pytest.raises(ValueError, match=r"needs the Poisson sample rate .* sample_rate=q"):
         BSDPFedPDM(min_available_nodes=1, privacy=PrivacyTarget(epsilon=8.0))
     with pytest.raises(ValueError, match="PrivacyTarget sample_rate"):

@@ -36,7 +36,7 @@ from fedpdm_flower.fedapp.localdata import ArrayData
 from fedpdm_flower.fedapp.models.multinomial import MultinomialLogistic
 from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDLedger, DPSGDMechanism, DPSGDStep, recompute_epsilon
 from fedpdm_flower.fedapp.privacy.laplace import laplace_rdp_epsilon
-from fedpdm_flower.fedapp.privacy.target import NoPrivacyWarning, PrivacyTarget
+from fedpdm_flower.fedapp.privacy.target import PrivacyNotChosen, PrivacyTarget
 from fedpdm_flower.strategies.base import FederationError
 from fedpdm_flower.strategies.distributed_dp import DistributedDP
 from fedpdm_flower.strategies.iadmm import DPIADMM, IADMMMean, ObjPM, OutP
@@ -293,7 +293,7 @@ def test_the_mean_form_names_what_it_needs() -> None:
         IADMMMean(total_samples=0, privacy=None)
     with pytest.raises(ValueError, match="IADMMMean sets fraction_train itself"):
         IADMMMean(total_samples=10, privacy=None, fraction_train=0.5)
-    with pytest.warns(NoPrivacyWarning, match="IADMMMean is a differentially private strategy built without privacy="):
+    with pytest.raises(PrivacyNotChosen, match="IADMMMean is a differentially private strategy and needs privacy="):
         IADMMMean(total_samples=10)
     inner = IADMMMean(total_samples=100, privacy=PrivacyTarget(epsilon=8.0, sample_rate=0.1))
     grid = LocalGrid(IADMMClient.client_app(lambda ctx: IADMMClient(Softmax(8, 3), blobs(20, 0))), 2)

@@ -37,7 +37,7 @@ from fedpdm_flower.fedapp.models.torch_model import TorchModel
 from fedpdm_flower.fedapp.privacy.dpsgd import dpsgd_epsilon
 from fedpdm_flower.fedapp.privacy.gaussian import gaussian_noise_std
 from fedpdm_flower.fedapp.privacy.laplace import laplace_rdp_epsilon
-from fedpdm_flower.fedapp.privacy.target import NoPrivacyWarning, PrivacyTarget
+from fedpdm_flower.fedapp.privacy.target import PrivacyNotChosen, PrivacyTarget
 from fedpdm_flower.strategies.base import FederationError, RoundFailed
 from fedpdm_flower.strategies.iadmm import DPIADMM, ObjP, ObjPM, OutP, ReplicatedDualError
 from simulations.inprocess import run_clients
@@ -352,13 +352,14 @@ def test_the_strategy_is_the_single_source_of_truth() -> None:
 
 
 def test_constructors_name_the_bad_argument() -> None:
-    # built without privacy=: no noise, said out loud (a warning naming what to pass), no epsilon picked
-    with pytest.warns(NoPrivacyWarning, match=r"DPIADMM is a differentially private strategy built without privacy=: "
-                                              r"it trains WITHOUT noise.*privacy=ObjectivePerturbation\(epsilon_bar=...\)"
-                                              r".*or privacy=None"):
-        assert DPIADMM().plan.private is False
-    with pytest.warns(NoPrivacyWarning, match=r"privacy=OutputPerturbation\(epsilon_bar=...\)"):
+    # built without privacy=: refused, naming what to pass; no epsilon picked, and no silent noiseless run
+    with pytest.raises(PrivacyNotChosen, match=r"DPIADMM is a differentially private strategy and needs privacy=: "
+                                               r".*privacy=ObjectivePerturbation\(epsilon_bar=...\)"
+                                               r".*or privacy=None"):
+        DPIADMM()
+    with pytest.raises(PrivacyNotChosen, match=r"privacy=OutputPerturbation\(epsilon_bar=...\)"):
         OutP()
+    assert DPIADMM(privacy=None).plan.private is False
     for make, why in [
         (lambda: DPIADMM(privacy=PrivacyTarget(epsilon=8.0)), "needs the Poisson sample rate"),
         (lambda: DPIADMM(privacy=None, fraction_train=0.5), "fraction_train must be 1.0"),

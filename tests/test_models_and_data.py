@@ -68,9 +68,9 @@ def state_of(net: nn.Module) -> dict[str, np.ndarray]:
 #: (strategy, client class, client kwargs, rounds, local steps per round (None: not a counted loop))
 Q = (SAMPLES - 1) // BATCH  # Q b < |D_i| (spec A6): 3 steps of 10
 ALGORITHMS: dict[str, tuple[Any, Any, dict[str, Any], int, int | None]] = {
-    "fedpdm": (lambda: DPFedPDM(min_available_nodes=N, rho=0.1, eta0=0.2, gamma=0.0, nu=0.0, seed=0), FedPDMClient, {},
+    "fedpdm": (lambda: DPFedPDM(min_available_nodes=N, privacy=None, rho=0.1, eta0=0.2, gamma=0.0, nu=0.0, seed=0), FedPDMClient, {},
                2, Q),
-    "bsdp-fedpdm": (lambda: BSDPFedPDM(min_available_nodes=N, rho=0.1, eta0=0.2, gamma=0.0, nu=0.0, seed=0,
+    "bsdp-fedpdm": (lambda: BSDPFedPDM(min_available_nodes=N, privacy=None, rho=0.1, eta0=0.2, gamma=0.0, nu=0.0, seed=0,
                                        uplink=TopK(0.3), downlink=TopK(0.75)), FedPDMClient, {}, 2, Q),
     "fedavg": (lambda: FedAvg(min_available_nodes=N, eta0=0.2, seed=0), FedAvgClient, {}, 2, Q),
     "scaffold": (lambda: Scaffold(min_available_nodes=N, eta0=0.2, seed=0), ScaffoldClient, {}, 2, Q),

@@ -122,7 +122,7 @@ def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
 
 
 def bsdp(**kw: Any) -> BSDPFedPDM:
-    return BSDPFedPDM(**{"min_available_nodes": N, "min_train_nodes": N, "uplink": TopK(0.5), "seed": 0, "rho": 0.1,
+    return BSDPFedPDM(**{"min_available_nodes": N, "min_train_nodes": N, "uplink": TopK(0.5), "seed": 0, "rho": 0.1, "privacy": None,
                          "eta0": 0.2, **kw})
 
 

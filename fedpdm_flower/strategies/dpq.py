@@ -151,8 +151,8 @@ class DPQDSGD(SyncRouter):
     Parameters
     ----------
     privacy
-        No epsilon is chosen for you: a strategy built without it trains without noise and emits a
-        :class:`~fedpdm_flower.fedapp.privacy.target.NoPrivacyWarning` that says what to pass. One of:
+        Required; no epsilon is chosen for you (built without it, the strategy refuses to start with
+        :class:`~fedpdm_flower.fedapp.privacy.target.PrivacyNotChosen`, naming what to pass). One of:
 
         * :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` -- **record-level DP-SGD in the gradient (5)**:
           at iteration k node i Poisson-samples its records at ``sample_rate`` from its own randomness, clips every

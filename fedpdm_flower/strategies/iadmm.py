@@ -9,8 +9,8 @@ a copy of every agent's dual lambda_p and last upload z_p, computes w^{t+1} by (
 round (metric ``dual_mismatch``, which must stay 0). A round in which an agent does not reply stops the run
 (:class:`ReplicatedDualError`): its two dual copies could no longer be kept identical.
 
-**Privacy** goes through ``privacy=`` (a DP-named strategy built without it trains without noise and warns,
-naming what to pass):
+**Privacy** goes through ``privacy=``, which is required (built without it, a strategy of the family refuses to
+start with :class:`~fedpdm_flower.fedapp.privacy.target.PrivacyNotChosen`, naming what to pass):
 
 * :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` -- record-level DP-SGD in the local solves, the route
   that learns at an honest epsilon: every solve's gradient is the core's DP-SGD release (Poisson sample of the
@@ -437,9 +437,9 @@ class DPIADMM(ConsensusADMM):
     """DP-IADMM with multiple local updates (Algorithm 1, lines 1-9 on the server), in Algorithm 1's order:
     w first (4a), then E perturbed inexact local solves on every agent, then the duals (4c).
 
-    For a neural network use constant ``rho=0.2, eta=3.0`` with ``sensitivity_mode="clipped", clip=200.0``: the
-    paper's schedules fit its linear model (an MLP on MNIST, ObjPM at epsilon-bar 5: 0.22 after 3 rounds with them,
-    0.56 with these; docs/models-and-data.md).
+    For a neural network use constant ``rho=0.2, eta=3.0``: the paper's schedules fit its linear model (an MLP on
+    MNIST, ObjPM with ``ObjectivePerturbation(5.0, sensitivity_mode="clipped", clip=200.0)``: 0.22 after 3 rounds
+    with them, 0.56 with these; docs/models-and-data.md).
 
     Parameters
     ----------

@@ -83,8 +83,8 @@ class RecalFamily(GraphRouting):
     Parameters
     ----------
     privacy
-        No epsilon is chosen for you: a strategy built without it trains without noise and emits a
-        :class:`~fedpdm_flower.fedapp.privacy.target.NoPrivacyWarning` that says what to pass. One of:
+        Required; no epsilon is chosen for you (built without it, the strategy refuses to start with
+        :class:`~fedpdm_flower.fedapp.privacy.target.PrivacyNotChosen`, naming what to pass). One of:
 
         * :class:`fedpdm_flower.fedapp.privacy.target.PrivacyTarget` -- **record-level DP-SGD in every gradient step
           of the agents** (the rigorous mechanism): each step Poisson-samples the agent's records at

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         SkellamPrivacyEvent as SkellamPrivacyEvent,
     )
     from fedpdm_flower.fedapp.privacy.target import (
+        PrivacyNotChosen as PrivacyNotChosen,
         PrivacyTarget as PrivacyTarget,
     )
 
@@ -74,5 +75,5 @@ __getattr__, __all__ = lazy_exports(__name__, {
                  "local_sgd_sensitivity", "per_round_epsilon_eq36", "total_privacy_eq36"],
     "laplace": ["advanced_composition", "basic_composition", "laplace_noise", "laplace_scale"],
     "protocol": ["SkellamAccountant", "SkellamPrivacyEvent"],
-    "target": ["PrivacyTarget"],
+    "target": ["PrivacyNotChosen", "PrivacyTarget"],
 })

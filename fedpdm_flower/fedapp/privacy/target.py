@@ -10,16 +10,16 @@ Every DP-named strategy of the project takes its privacy through ``privacy=``:
   the paper's figure;
 * ``None``, said explicitly: no noise.
 
-No strategy picks an epsilon for the user. A DP-named strategy built without ``privacy=`` trains without noise, as
-it does with ``privacy=None``, and says so: :func:`require_privacy` emits a :class:`NoPrivacyWarning` that names what
-to pass. (Assumption, kept on purpose: the omission is not an error, so that swapping a DP-named strategy into an app
-that ran Flower's FedAvg keeps running; the warning, the progress lines and the results carry no epsilon.)
+No strategy picks an epsilon for the user, and none trains without noise unless told to: a DP-named strategy built
+without ``privacy=`` refuses to start (:func:`require_privacy` raises :class:`PrivacyNotChosen`, a ``TypeError`` as
+for any missing required argument, naming the three things to pass). A user who swaps a DP-named strategy into an
+app that ran Flower's FedAvg therefore learns at construction that a privacy decision is theirs to make, instead of
+finding out from a results file that no epsilon held.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from fedpdm_flower.fedapp.privacy.dpsgd import (
     noise_multiplier_for,
 )
 
-__all__ = ["DEFAULT_DELTA", "MISSING", "NoPrivacyWarning", "PrivacyTarget", "require_privacy"]
+__all__ = ["DEFAULT_DELTA", "MISSING", "PrivacyNotChosen", "PrivacyTarget", "require_privacy"]
 
 #: the one delta default of the project
 DEFAULT_DELTA = 1e-5
@@ -51,7 +51,7 @@ class _Missing:
         return "MISSING"
 
 
-#: ``privacy=MISSING`` (the default of a DP-named strategy): no noise, with a warning (:func:`require_privacy`)
+#: ``privacy=MISSING`` (the default of a DP-named strategy): not chosen, refused by :func:`require_privacy`
 MISSING: Any = _Missing()
 
 
@@ -133,13 +133,12 @@ class PrivacyTarget:
         return {**mechanism.message_config(), "dp-epsilon": float(self.epsilon), "dp-delta": float(self.delta)}
 
 
-class NoPrivacyWarning(UserWarning):
-    """A DP-named strategy was built without ``privacy=``: it trains without noise."""
+class PrivacyNotChosen(TypeError):
+    """A DP-named strategy was built without ``privacy=``: the user has not said which privacy, if any, is meant."""
 
 
 def require_privacy(privacy: Any, owner: str, reproduction: str = "") -> Any:
-    """``privacy`` as given; for a DP-named strategy built without ``privacy=``, None (no noise) and a
-    :class:`NoPrivacyWarning` that says what to pass.
+    """``privacy`` as given (a target, a paper's mechanism, or an explicit None); refuses :data:`MISSING`.
 
     Parameters
     ----------
@@ -149,13 +148,16 @@ def require_privacy(privacy: Any, owner: str, reproduction: str = "") -> Any:
         The strategy's name, for the message.
     reproduction
         The paper's own mechanism to name in the message (e.g. "Eq36Calibration(epsilon=..., delta=...)").
+
+    Raises
+    ------
+    PrivacyNotChosen
+        ``privacy`` is :data:`MISSING`; the message names what to pass. No epsilon is chosen for the user.
     """
     if privacy is MISSING:
         paper = f", privacy={reproduction} for the paper's own mechanism (the reproduction setting)" if reproduction else ""
-        warnings.warn(
-            f"{owner} is a differentially private strategy built without privacy=: it trains WITHOUT noise and no "
-            f"epsilon holds. Pass privacy=PrivacyTarget(epsilon=..., sample_rate=...) (record-level DP-SGD on every "
-            f"device; delta defaults to {DEFAULT_DELTA:g}){paper}, or privacy=None to say that no noise is meant. "
-            "No epsilon is chosen for you.", NoPrivacyWarning, stacklevel=3)
-        return None
+        raise PrivacyNotChosen(
+            f"{owner} is a differentially private strategy and needs privacy=: pass "
+            f"privacy=PrivacyTarget(epsilon=..., sample_rate=...) (record-level DP-SGD on every device; delta defaults "
+            f"to {DEFAULT_DELTA:g}){paper}, or privacy=None to train without noise. No epsilon is chosen for you.")
     return privacy

@@ -7,5 +7,5 @@ from fedpdm_flower.strategies.fedpdm import BSDPFedPDM
 
 
 def make_strategy() -> BSDPFedPDM:
-    return BSDPFedPDM(fraction_train=1.0, min_available_nodes=3, rho=0.1, gamma=0.0, eta0=0.2,
+    return BSDPFedPDM(privacy=None, fraction_train=1.0, min_available_nodes=3, rho=0.1, gamma=0.0, eta0=0.2,
                       uplink=TopK(0.5), downlink=TopK(0.75))

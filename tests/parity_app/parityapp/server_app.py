@@ -52,7 +52,7 @@ def build(name: str, n: int, rounds: int) -> Any:
     federation: dict[str, Any] = {"min_available_nodes": n, "min_evaluate_nodes": n, "seed": 0}
     strategies = {
         "fedavg": lambda: fedavg(n),
-        "bsdp-fedpdm": lambda: BSDPFedPDM(min_train_nodes=n, uplink=TopK(0.5), **federation),
+        "bsdp-fedpdm": lambda: BSDPFedPDM(privacy=None, min_train_nodes=n, uplink=TopK(0.5), **federation),
         "fedrep": lambda: FedREP(conspar=ConSpar(0.5), buffer_size=2, **federation),
         "fedrep-plain": lambda: FedREP(conspar=ConSpar(0.5), buffer_size=2, masked=False, **federation),
         # ObjP's (9a) needs I, the federation's number of samples; the user knows it (its own partitions)
