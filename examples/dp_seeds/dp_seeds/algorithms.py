@@ -16,6 +16,9 @@ from fedpdm_flower.clients.recal import RecalClient
 from fedpdm_flower.fedapp.compression import TopK
 from fedpdm_flower.fedapp.privacy import PrivacyTarget
 
+# Every strategy below takes fraction_evaluate=0.0: this app evaluates centrally (evaluate_fn in server_app.py) and
+# its nodes hold no test data, so client-side evaluation (Flower's default fraction_evaluate=1.0) would only fail.
+
 
 def target(rc: Any) -> PrivacyTarget:
     """The run's record-level target: q = batch / records per node, every node every round."""
@@ -31,7 +34,7 @@ def dp_recal(rc: Any) -> Any:
     from fedpdm_flower.strategies.recal import DPRECAL
 
     t = target(rc)
-    return DPRECAL(graph="ring", min_available_nodes=int(rc["min-nodes"]), nu1=0.0, nu2=1e-4, seed=0,
+    return DPRECAL(graph="ring", min_available_nodes=int(rc["min-nodes"]), fraction_evaluate=0.0, nu1=0.0, nu2=1e-4, seed=0,
                    privacy=PrivacyTarget(epsilon=t.epsilon, delta=t.delta, clip_norm=30.0, sample_rate=t.sample_rate))
 
 
@@ -45,7 +48,7 @@ def dpq_dsgd(rc: Any) -> Any:
     from fedpdm_flower.strategies.dpq import DPQDSGD
 
     horizon = int(rc["num-server-rounds"]) - 2
-    return DPQDSGD(min_available_nodes=int(rc["min-nodes"]), graph="ring", q_step=0.01, seed=0,
+    return DPQDSGD(min_available_nodes=int(rc["min-nodes"]), fraction_evaluate=0.0, graph="ring", q_step=0.01, seed=0,
                    a1=2.0 * horizon / math.log(horizon) ** 2, evaluate_average=True, privacy=target(rc))
 
 
@@ -53,7 +56,7 @@ def bsdp_fedpdm(rc: Any) -> Any:
     """BSDP-FedPDM (Li et al.): DP-SGD steps in (8a), top-50 % up, top-75 % down."""
     from fedpdm_flower.strategies.fedpdm import BSDPFedPDM
 
-    return BSDPFedPDM(fraction_train=1.0, min_available_nodes=int(rc["min-nodes"]), rho=0.1, gamma=0.0,
+    return BSDPFedPDM(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=int(rc["min-nodes"]), rho=0.1, gamma=0.0,
                       eta0=float(rc["lr"]), nu=0.0, max_local_steps=int(rc["local-steps"]),
                       uplink=TopK(0.5), downlink=TopK(0.75), privacy=target(rc))
 
@@ -73,7 +76,7 @@ def objpm(rc: Any) -> Any:
     1/sqrt(t) are tuned for 20 000 rounds of a linear model, not 3 rounds of a CNN."""
     from fedpdm_flower.strategies.iadmm import DPIADMM
 
-    return DPIADMM(min_available_nodes=int(rc["min-nodes"]), local_updates=int(rc["local-steps"]), rho=0.2, eta=3.0,
+    return DPIADMM(min_available_nodes=int(rc["min-nodes"]), fraction_evaluate=0.0, local_updates=int(rc["local-steps"]), rho=0.2, eta=3.0,
                    privacy=target(rc))
 
 

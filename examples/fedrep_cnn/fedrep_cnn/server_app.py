@@ -31,8 +31,9 @@ def main(grid: Grid, context: Context) -> None:
     # update on their union masked inside a buffer of `buffer-size` clients, and reveals what unmasks the buffer's
     # sum (the server learns only buffer means); the server aggregates the buffer means with the geometric median.
     # batch_size=None: each client's DataLoader batch size.
+    # fraction_evaluate=0.0: this app evaluates centrally (evaluate_fn); its nodes hold no test data
     strategy = FedREP(
-        min_available_nodes=int(rc["min-nodes"]),
+        min_available_nodes=int(rc["min-nodes"]), fraction_evaluate=0.0,
         conspar=ConSpar(fraction=float(rc["conspar-fraction"])), buffer_size=int(rc["buffer-size"]), masked=True,
         aggregator=GeometricMedian(iters=5), lr=float(rc["lr"]), local_steps=int(rc["local-steps"]), batch_size=None,
     )

@@ -33,8 +33,9 @@ def main(grid: Grid, context: Context) -> None:
     # server included. The global sample count I is asked from the nodes before round 1, with the whole run's
     # privacy plan, which each node checks against its own floor. rho and eta are constants here: the paper's
     # schedules (24) and 1/sqrt(t) are tuned for 20 000 rounds of a linear model, not 3 rounds of an MLP.
+    # fraction_evaluate=0.0: this app evaluates centrally (evaluate_fn); its nodes hold no test data
     strategy = ObjPM(
-        min_available_nodes=int(rc["min-nodes"]),
+        min_available_nodes=int(rc["min-nodes"]), fraction_evaluate=0.0,
         privacy=PrivacyTarget(epsilon=float(rc["epsilon"]), clip_norm=float(rc["clip"]),
                               sample_rate=float(rc["sample-rate"])),
         rho=float(rc["rho"]), eta=float(rc["eta"]),
