@@ -34,7 +34,8 @@ from fedpdm_flower.fedapp.secagg import NodeIdentity, TrustStore
 from simulations.deploy import LocalSimulation, local_simulation
 from simulations.flower_driver import ROOT, run_flower
 
-pytestmark = pytest.mark.flower
+# one xdist worker runs the whole module: its module-scoped `flwr run` fixture would otherwise run once per worker
+pytestmark = [pytest.mark.flower, pytest.mark.xdist_group("flower_parity")]
 
 APP = ROOT / "tests" / "parity_app"
 NODES, ROUNDS = 4, 2

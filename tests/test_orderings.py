@@ -27,6 +27,10 @@ def _score(over: dict[str, Any], seeds: int = 3) -> float:
     return float(np.mean(out))
 
 
+# one xdist worker runs the whole module: its module-scoped runs would otherwise run once per worker
+pytestmark = pytest.mark.xdist_group("orderings")
+
+
 @pytest.fixture(scope="module")
 def scores() -> dict[str, float]:
     return {
