@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     )
     from fedpdm_flower.fedapp.privacy.target import (
         PrivacyNotChosen as PrivacyNotChosen,
+    )
+    from fedpdm_flower.fedapp.privacy.target import (
         PrivacyTarget as PrivacyTarget,
     )
 
