@@ -156,7 +156,7 @@ def run_one(kind: str, epsilon: float, rounds: int, clip: float, data: Any) -> d
         strategy = FedAvg(fraction_train=Q, fraction_evaluate=0.0, min_available_nodes=N, min_train_nodes=int(Q * N))
     else:
         strategy = CentralDP(FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1, fraction_evaluate=0.0),
-                             epsilon=epsilon, delta=DELTA, clip_norm=clip, sampling_rate=Q, num_rounds=rounds,
+                             epsilon=epsilon, delta=DELTA, clip_norm=clip, sample_rate=Q, num_rounds=rounds,
                              min_available_nodes=N)
         z = strategy.z
     strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=rounds, evaluate_fn=central)

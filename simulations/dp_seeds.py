@@ -209,7 +209,7 @@ def central_dp_cell(task: Mapping[str, Any], *, epsilon: float, rounds: int, loc
 
     cfg = parse_run_config(dict(task))
     strategy = CentralDP(FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1, fraction_evaluate=0.0),
-                         epsilon=epsilon, delta=delta, clip_norm=clip, sampling_rate=1.0, num_rounds=rounds,
+                         epsilon=epsilon, delta=delta, clip_norm=clip, sample_rate=1.0, num_rounds=rounds,
                          min_available_nodes=cfg.num_clients)
     t0 = time.perf_counter()
     acc, _, mb = _reference_run(task, strategy=strategy, device=None, rounds=rounds, local_steps=local_steps, lr=lr,

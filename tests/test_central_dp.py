@@ -66,7 +66,7 @@ def test_the_calibration_spends_the_target_and_opacus_rdp_bounds_it(epsilon: flo
 def test_one_round_is_the_formula_on_the_clients_own_updates() -> None:
     """No noise and C large: w + sum_{k in S} (w_k - w) / (q N), with S the nodes that got a message."""
     grid = Recorder(user_app(), N)
-    s = CentralDP(fedavg(), epsilon=8.0, clip_norm=1e6, sampling_rate=0.5, num_rounds=3, min_available_nodes=N,
+    s = CentralDP(fedavg(), epsilon=8.0, clip_norm=1e6, sample_rate=0.5, num_rounds=3, min_available_nodes=N,
                   noise_multiplier=0.0)
     res = s.start(grid=grid, initial_arrays=initial(), num_rounds=1)
     sampled = sorted(next(nodes for nodes in grid.sent if nodes))
@@ -82,7 +82,7 @@ def test_one_round_is_the_formula_on_the_clients_own_updates() -> None:
 
 def test_every_update_is_clipped_to_c() -> None:
     grid = Recorder(user_app(), N)
-    s = CentralDP(fedavg(), epsilon=8.0, clip_norm=1e-3, sampling_rate=0.5, num_rounds=3, min_available_nodes=N,
+    s = CentralDP(fedavg(), epsilon=8.0, clip_norm=1e-3, sample_rate=0.5, num_rounds=3, min_available_nodes=N,
                   noise_multiplier=0.0)
     res = s.start(grid=grid, initial_arrays=initial(), num_rounds=1)
     m = s.diagnostics[1]
@@ -94,7 +94,7 @@ def test_every_update_is_clipped_to_c() -> None:
 
 def test_the_sample_is_poisson_at_rate_q() -> None:
     grid = Recorder(user_app(), N)
-    s = CentralDP(fedavg(), epsilon=50.0, clip_norm=1.0, sampling_rate=0.3, num_rounds=40, min_available_nodes=N,
+    s = CentralDP(fedavg(), epsilon=50.0, clip_norm=1.0, sample_rate=0.3, num_rounds=40, min_available_nodes=N,
                   noise_multiplier=0.0)  # the sampling does not depend on the noise; no accounting: fast
     s.start(grid=grid, initial_arrays=initial(), num_rounds=40)
     counts = [s.diagnostics[r]["central_dp.sampled"] for r in range(1, 41)]  # every node answers
@@ -104,7 +104,7 @@ def test_the_sample_is_poisson_at_rate_q() -> None:
 
 
 def test_an_empty_sample_still_releases_the_noise() -> None:
-    s = CentralDP(fedavg(), epsilon=8.0, clip_norm=1.0, sampling_rate=1e-9, num_rounds=2, min_available_nodes=N,
+    s = CentralDP(fedavg(), epsilon=8.0, clip_norm=1.0, sample_rate=1e-9, num_rounds=2, min_available_nodes=N,
                   noise_multiplier=1.0)
     grid = Recorder(user_app(), N)
     res = s.start(grid=grid, initial_arrays=initial(), num_rounds=1)
@@ -115,7 +115,7 @@ def test_an_empty_sample_still_releases_the_noise() -> None:
 
 
 def test_the_run_stops_before_a_round_past_the_target() -> None:
-    s = CentralDP(fedavg(), epsilon=4.0, clip_norm=1.0, sampling_rate=0.25, num_rounds=3, min_available_nodes=N)
+    s = CentralDP(fedavg(), epsilon=4.0, clip_norm=1.0, sample_rate=0.25, num_rounds=3, min_available_nodes=N)
     with pytest.raises(PrivacyBudgetExhausted, match="round 4"):
         s.start(grid=LocalGrid(user_app(), N), initial_arrays=initial(), num_rounds=6)
     spent = s.privacy_spent()
@@ -125,7 +125,7 @@ def test_the_run_stops_before_a_round_past_the_target() -> None:
 def test_what_cannot_work_is_refused() -> None:
     with pytest.raises(ValueError, match="samples the clients itself"):
         CentralDP(FedAvg(fraction_train=0.1), epsilon=1.0, num_rounds=3)
-    with pytest.raises(ValueError, match="sampling_rate"):
-        CentralDP(fedavg(), epsilon=1.0, num_rounds=3, sampling_rate=0.0)
+    with pytest.raises(ValueError, match="sample_rate"):
+        CentralDP(fedavg(), epsilon=1.0, num_rounds=3, sample_rate=0.0)
     with pytest.raises(ValueError, match="outside the calibrated range"):
-        CentralDP(fedavg(), epsilon=500.0, num_rounds=1, sampling_rate=0.01)
+        CentralDP(fedavg(), epsilon=500.0, num_rounds=1, sample_rate=0.01)

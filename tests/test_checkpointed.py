@@ -249,7 +249,7 @@ def test_central_dp_continues_its_accountant(tmp_path: Path) -> None:
     def make() -> Strategy:
         # z given (calibrating it to epsilon is a PLD search per construction): epsilon is only the budget
         return CentralDP(FedAvg(fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1), epsilon=20.0,
-                         sampling_rate=0.5, num_rounds=ROUNDS, min_available_nodes=N, clip_norm=2.0,
+                         sample_rate=0.5, num_rounds=ROUNDS, min_available_nodes=N, clip_norm=2.0,
                          noise_multiplier=4.0)
 
     assert run(make, tmp_path, crash=3)[1] is None

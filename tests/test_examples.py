@@ -132,7 +132,7 @@ def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(installed_
     # clients is noise-dominated (z C / (q N) per coordinate; measured 0.07-0.08 accuracy, 2 runs), so this checks
     # the run and its accounting; `bench --suite dp-anchor` shows it learning with 1,000 clients
     out = tmp_path / "result.json"
-    run = run_flower({"wrappers": "central-dp", "min-nodes": 10, "dp-epsilon": 8.0, "dp-sampling-rate": 0.5,
+    run = run_flower({"wrappers": "central-dp", "min-nodes": 10, "dp-epsilon": 8.0, "dp-sample-rate": 0.5,
                       "result-path": str(out)}, tmp_path, num_supernodes=10, connection=installed_simulation.connection,
                      env=installed_simulation.env, simulation=True, app=ROOT / "examples" / "wrapped_fedavg", results_name=None,
                      stream=False, timeout=600)

@@ -168,7 +168,7 @@ def test_distributed_dp_averages_models_unweighted_and_metrics_weighted() -> Non
 
 def test_central_dp_returns_the_sampled_clients_train_metrics() -> None:
     wrapper = CentralDP(fedavg(1, fraction_evaluate=0.0, min_evaluate_nodes=0), epsilon=8.0, clip_norm=1e6,
-                        sampling_rate=1.0, num_rounds=1, min_available_nodes=N, noise_multiplier=0.0)
+                        sample_rate=1.0, num_rounds=1, min_available_nodes=N, noise_multiplier=0.0)
     result = run(wrapper, user_app(sizes=SIZES), rounds=1)
     losses = {i: float(np.mean(node_data(i, SIZES[i])[1] ** 2)) for i in range(N)}
     assert result.train_metrics_clientapp[1]["train_loss"] == pytest.approx(weighted(losses, SIZES), rel=1e-9)

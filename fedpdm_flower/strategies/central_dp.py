@@ -76,7 +76,7 @@ class CentralDP(StrategyWrapper):
         The target: over ``num_rounds`` rounds the released models are (epsilon, delta)-DP for one client.
     clip_norm
         C, the L2 bound of each client's update (default 1.0).
-    sampling_rate
+    sample_rate
         q, each client's probability of taking part in a round (default 0.1).
     num_rounds
         T, the rounds the noise is calibrated for; the run stops with ``PrivacyBudgetExhausted`` before a
@@ -92,7 +92,7 @@ class CentralDP(StrategyWrapper):
     bytes_prefix = "central_dp"
 
     def __init__(self, inner: Strategy, *, epsilon: float, delta: float = 1e-5, clip_norm: float = 1.0,
-                 sampling_rate: float = 0.1, num_rounds: int, min_available_nodes: int = 2,
+                 sample_rate: float = 0.1, num_rounds: int, min_available_nodes: int = 2,
                  noise_multiplier: float | None = None) -> None:
         from fedpdm_flower.fedapp.privacy.pld import poisson_noise_multiplier_for
 
@@ -106,14 +106,14 @@ class CentralDP(StrategyWrapper):
         for name, v in (("clip_norm", clip_norm), ("epsilon", epsilon)):
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-        if not 0.0 < sampling_rate <= 1.0:
-            raise ValueError(f"sampling_rate must lie in (0, 1], got {sampling_rate!r}")
-        self.epsilon, self.delta, self.clip_norm, self.q = float(epsilon), float(delta), float(clip_norm), float(sampling_rate)
+        if not 0.0 < sample_rate <= 1.0:
+            raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
+        self.epsilon, self.delta, self.clip_norm, self.q = float(epsilon), float(delta), float(clip_norm), float(sample_rate)
         self.num_rounds, self.min_available_nodes = num_rounds, min_available_nodes
         if noise_multiplier is not None and not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
         self.z = (float(noise_multiplier) if noise_multiplier is not None
-                  else poisson_noise_multiplier_for(epsilon, delta, sampling_rate, num_rounds))
+                  else poisson_noise_multiplier_for(epsilon, delta, sample_rate, num_rounds))
         self._releases = 0
         self._rng = secrets.SystemRandom()  # the sample is secret: never seeded, never logged
         self._noise = np.random.default_rng(secrets.randbits(128))

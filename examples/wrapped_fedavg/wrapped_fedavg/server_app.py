@@ -36,7 +36,7 @@ def build(rc: Any) -> Any:
             raise ValueError("wrappers: central-dp goes alone around FedAvg (it clips and noises the plain updates)")
         return CentralDP(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1),
                          epsilon=float(rc["dp-epsilon"]), delta=float(rc["dp-delta"]), clip_norm=float(rc["dp-clip"]),
-                         sampling_rate=float(rc["dp-sampling-rate"]), num_rounds=int(rc["num-server-rounds"]),
+                         sample_rate=float(rc["dp-sample-rate"]), num_rounds=int(rc["num-server-rounds"]),
                          min_available_nodes=n)
     if "robust" in wrappers:
         strategy = Robust(strategy, GeometricMedian())

@@ -63,7 +63,7 @@ def build(name: str, n: int, rounds: int) -> Any:
         "compressed": lambda: Compressed(fedavg(n), uplink=TopK(0.5), downlink=TopK(0.5)),
         "secure": lambda: SecureBuffers(fedavg(n), buffer_size=n),
         "central-dp": lambda: CentralDP(fedavg(1, min_evaluate_nodes=n), epsilon=8.0, clip_norm=10.0,
-                                        sampling_rate=1.0, num_rounds=rounds, min_available_nodes=n,
+                                        sample_rate=1.0, num_rounds=rounds, min_available_nodes=n,
                                         noise_multiplier=0.0),
         "distributed-dp": lambda: DistributedDP(fedavg(n), epsilon=8.0, num_rounds=rounds, clip_norm=10.0,
                                                 buffer_size=n, noise_multiplier=0.0),
