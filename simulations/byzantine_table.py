@@ -360,7 +360,7 @@ def fedrep_start(aggregator: Any, attack: tuple[Any, bool], f: int, data: Any, r
     torch.manual_seed(0)
     net = torch.nn.Linear(784, 10)
     strategy = FedREP(min_available_nodes=n, conspar=None if fraction is None else ConSpar(fraction), buffer_size=FEDREP_S, masked=True,
-                      aggregator=aggregator, lr=LR, momentum=0.0, local_steps=PER // BATCH, batch_size=BATCH,
+                      aggregator=aggregator, eta0=LR, momentum=0.0, local_steps=PER // BATCH, batch_size=BATCH,
                       seed=seed, reproducible_buffers=True)
     app = _fedrep_app(train, order, byz if forge is not None else set(), byz if flip else set(), forge, board, n)
     strategy.start(grid=_fedrep_grid(app, byz, board, n), initial_arrays=ArrayRecord(net.state_dict()),

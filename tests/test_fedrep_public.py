@@ -90,7 +90,7 @@ def run(strategy: Any, rounds: int, *, nodes: int = 4, samples: int = 60, batch:
 def test_share_with_the_mean_is_the_mean_of_eq180_on_a_users_batchnorm_cnn() -> None:
     """k = d, plain buffers, the mean: w^1 = w^0 - mean_k (w^0 - w_k^1), with w_k^1 from plain torch (BatchNorm
     running statistics included: they travel in w); the integer num_batches_tracked comes back as it was given."""
-    strategy = SHARE(min_available_nodes=4, masked=False, aggregator=Mean(), lr=0.3, momentum=0.9, local_steps=2,
+    strategy = SHARE(min_available_nodes=4, masked=False, aggregator=Mean(), eta0=0.3, momentum=0.9, local_steps=2,
                      batch_size=None, seed=0)
     s, net, contexts = run(strategy, 1)
     torch.manual_seed(0)
@@ -125,7 +125,7 @@ def test_masked_buffers_give_the_plain_buffer_means_within_one_quantization_step
 
 def test_fedrep_trains_a_users_cnn_with_conspar_masks_and_a_robust_aggregator() -> None:
     s, net, _ = run(FedREP(min_available_nodes=4, conspar=ConSpar(0.1), buffer_size=2, masked=True,
-                           aggregator=GeometricMedian(iters=5), lr=0.5, local_steps=5, seed=0),
+                           aggregator=GeometricMedian(iters=5), eta0=0.5, local_steps=5, seed=0),
                     5, samples=200, batch=16)
     acc = [r.test_accuracy for r in s.history]
     assert acc[-1] > 0.9 and acc[0] < 0.9, acc  # three separable classes: chance is 1/3
@@ -140,7 +140,7 @@ def test_fedrep_trains_a_users_cnn_with_conspar_masks_and_a_robust_aggregator() 
 
 # ----------------------------------------------------------------------------- the strategy is the source of truth
 def test_every_value_the_clients_need_travels_in_the_messages() -> None:
-    s = FedREP(min_available_nodes=2, conspar=ConSpar(0.1, alpha=0.3), lr=0.2, lr_decay_round=3, momentum=0.5,
+    s = FedREP(min_available_nodes=2, conspar=ConSpar(0.1, alpha=0.3), eta0=0.2, eta0_decay_round=3, momentum=0.5,
                local_steps=4, batch_size=8, sparse_downlink=False, seed=5)
     s.initialize(ArrayRecord(TinyCNN(norm=True).state_dict()))
     s.prepare(5, train_config=ConfigRecord({"user-key": 1}))

@@ -415,7 +415,7 @@ def test_fedrep_batchnorm_statistics_never_overshoot_when_a_client_sits_out() ->
         accs.append(accuracy(user, test))
         least.append(float(arrays["norm.running_var"].numpy().min()))
 
-    strategy = SHARE(min_available_nodes=3, masked=False, buffer_size=2, lr=0.5, local_steps=10, batch_size=16,
+    strategy = SHARE(min_available_nodes=3, masked=False, buffer_size=2, eta0=0.5, local_steps=10, batch_size=16,
                      seed=0, reproducible_buffers=True)
     _, contexts = run_clients(strategy, lambda c: FedREPClient(
         TinyCNN(norm=True), DataLoader(small(60, int(c.node_config["partition-id"])), batch_size=16),

@@ -128,13 +128,13 @@ class FedREP(FederatedStrategy):
         The robust aggregator over the buffer means, a callable of an (n, |I^t|) array (:mod:`fedpdm_flower.fedapp.robust`):
         ``Mean()``, ``GeometricMedian(iters=5)``, ``TrimmedMean(7/16)`` or ``CenteredClipping(tau=0.5, iters=5)``
         (default; the paper's settings, Sec. 5; CClip's tau must match the scale of the updates).
-    lr
+    eta0
         eta of Eq. (180), the local learning rate (default 0.5, the paper's FedREP lr, Fig. 7); the server step is 1
-        (spec 3.3).
-    lr_decay_round
-        Round from which eta is multiplied by ``lr_decay_factor`` (the paper: epoch 80 of 120, spec 3.3); None
+        (spec 3.3). The same name as the broadcast strategies' local step size.
+    eta0_decay_round
+        Round from which eta is multiplied by ``eta0_decay_factor`` (the paper: epoch 80 of 120, spec 3.3); None
         (default) never.
-    lr_decay_factor
+    eta0_decay_factor
         Default 0.1 (spec 3.3).
     momentum
         beta of Eq. (180), dampened and persistent across rounds (default 0.9, Sec. 5).
@@ -185,9 +185,9 @@ class FedREP(FederatedStrategy):
         masked: bool = True,
         threshold: int | None = None,
         aggregator: Aggregator = CenteredClipping(),  # noqa: B008 (frozen, immutable)
-        lr: float = 0.5,
-        lr_decay_round: int | None = None,
-        lr_decay_factor: float = 0.1,
+        eta0: float = 0.5,
+        eta0_decay_round: int | None = None,
+        eta0_decay_factor: float = 0.1,
         momentum: float = 0.9,
         local_steps: int = 1,
         batch_size: int | None = 25,
@@ -241,11 +241,11 @@ class FedREP(FederatedStrategy):
         if reproducible_buffers and masked:
             log(WARNING, "FedREP(reproducible_buffers=True): buffers follow the seed (%d) and are predictable from "
                 "it (weaker than the default OS-random buffers); meant for reproducing runs", self.seed)
-        self.lr = _positive("lr", lr)
-        if lr_decay_round is not None:
-            _count("lr_decay_round", lr_decay_round)
-        self.lr_decay_round = lr_decay_round
-        self.lr_decay_factor = _positive("lr_decay_factor", lr_decay_factor)
+        self.eta0 = _positive("eta0", eta0)
+        if eta0_decay_round is not None:
+            _count("eta0_decay_round", eta0_decay_round)
+        self.eta0_decay_round = eta0_decay_round
+        self.eta0_decay_factor = _positive("eta0_decay_factor", eta0_decay_factor)
         if isinstance(momentum, bool) or not isinstance(momentum, int | float) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must lie in [0, 1), got {momentum!r}")
         self.momentum = float(momentum)
@@ -310,7 +310,7 @@ class FedREP(FederatedStrategy):
 
     def learning_rate(self, server_round: int) -> float:
         """eta_t (spec 3.3)."""
-        return learning_rate(self.lr, server_round, self.lr_decay_round or 0, self.lr_decay_factor)
+        return learning_rate(self.eta0, server_round, self.eta0_decay_round or 0, self.eta0_decay_factor)
 
     # ------------------------------------------------------------------ phase 1: propose
     def propose_config(self, server_round: int) -> dict[str, Scalar]:
@@ -593,7 +593,7 @@ class FedREP(FederatedStrategy):
     def describe(self) -> dict[str, Any]:
         out = {**super().describe(), "conspar": self.conspar, "buffer_size": self.buffer_size, "masked": self.masked,
                **({"threshold": self.secure.threshold} if self.secure is not None else {}),
-               "aggregator": self.aggregator, "lr": self.lr, "lr_decay_round": self.lr_decay_round,
+               "aggregator": self.aggregator, "eta0": self.eta0, "eta0_decay_round": self.eta0_decay_round,
                "momentum": self.momentum, "local_steps": self.local_steps, "batch_size": self.batch_size,
                "sparse_downlink": self.sparse_downlink}
         if self.num_clients and self.layout is not None:
@@ -623,7 +623,7 @@ class DenseFedAvg(FedREP):
     """The undefended baseline in the same framework: every client's dense update w^t - w_k^{t+1} (same local
     Eq. (180) algorithm) averaged in the clear -- FedAvg with server step 1 (s = 1, plain uploads, the mean).
 
-    Parameters are :class:`FedREP`'s local-algorithm and federation arguments (lr, lr_decay_round, momentum,
+    Parameters are :class:`FedREP`'s local-algorithm and federation arguments (eta0, eta0_decay_round, momentum,
     local_steps, batch_size, sparse_downlink, clients_hold_initial, oracle, ...).
     """
 
@@ -652,7 +652,7 @@ class SparseSecAgg(FedREP):
         "sum/N" (default: the sums divided by the number of clients, what the paper's best lr = 5 hints at) or
         "sum/(N*Gamma)" (unbiased).
     **kwargs
-        :class:`FedREP`'s local-algorithm and federation arguments (lr, momentum, local_steps, batch_size,
+        :class:`FedREP`'s local-algorithm and federation arguments (eta0, momentum, local_steps, batch_size,
         sparse_downlink, clients_hold_initial, ...).
     """
 

@@ -135,11 +135,11 @@ class FedREPLocalMixin(FlowerBuiltinMixin):
 
     Parameters
     ----------
-    lr
+    eta0
         eta of Eq. (180) (default 0.5, the paper's FedREP lr, Fig. 7).
-    lr_decay_round
-        Round from which eta is multiplied by ``lr_decay_factor`` (spec 3.3); None (default) never.
-    lr_decay_factor
+    eta0_decay_round
+        Round from which eta is multiplied by ``eta0_decay_factor`` (spec 3.3); None (default) never.
+    eta0_decay_factor
         Default 0.1 (spec 3.3).
     momentum
         beta of Eq. (180) (default 0.9, Sec. 5).
@@ -157,13 +157,13 @@ class FedREPLocalMixin(FlowerBuiltinMixin):
         num_malicious_nodes for Krum, beta for FedTrimmedAvg). fraction_evaluate defaults to 0.
     """
 
-    def __init__(self, *, lr: float = 0.5, lr_decay_round: int | None = None, lr_decay_factor: float = 0.1,
+    def __init__(self, *, eta0: float = 0.5, eta0_decay_round: int | None = None, eta0_decay_factor: float = 0.1,
                  momentum: float = 0.9, local_steps: int = 1, batch_size: int | None = 25,
                  oracle: OmniscientOracle | None = None, eval_every: int = 1, **flower: Any) -> None:
-        for name, v in (("lr", lr), ("lr_decay_factor", lr_decay_factor)):
+        for name, v in (("eta0", eta0), ("eta0_decay_factor", eta0_decay_factor)):
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-        for name, n in (("lr_decay_round", lr_decay_round), ("local_steps", local_steps), ("batch_size", batch_size)):
+        for name, n in (("eta0_decay_round", eta0_decay_round), ("local_steps", local_steps), ("batch_size", batch_size)):
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
         if isinstance(momentum, bool) or not isinstance(momentum, int | float) or not 0.0 <= momentum < 1.0:
@@ -171,20 +171,20 @@ class FedREPLocalMixin(FlowerBuiltinMixin):
         if oracle is not None and not callable(getattr(oracle, "forge_values", None)):
             raise TypeError(f"oracle must be a fedpdm_flower.fedapp.attacks.OmniscientOracle, got {type(oracle).__name__}")
         super().__init__(eval_every=eval_every, **{"fraction_train": 1.0, **flower})
-        self.lr, self.lr_decay_round, self.lr_decay_factor = float(lr), lr_decay_round, float(lr_decay_factor)
+        self.eta0, self.eta0_decay_round, self.eta0_decay_factor = float(eta0), eta0_decay_round, float(eta0_decay_factor)
         self.momentum, self.local_steps, self.batch_size = float(momentum), local_steps, batch_size
         self.oracle = oracle
 
     def summary(self) -> None:
-        log(INFO, "%s (Flower built-in) with FedREP's local algorithm: lr=%g (x%g from round %s) momentum=%g I=%d "
-            "B=%s%s", type(self).__name__, self.lr, self.lr_decay_factor, self.lr_decay_round, self.momentum,
+        log(INFO, "%s (Flower built-in) with FedREP's local algorithm: eta0=%g (x%g from round %s) momentum=%g I=%d "
+            "B=%s%s", type(self).__name__, self.eta0, self.eta0_decay_factor, self.eta0_decay_round, self.momentum,
             self.local_steps, self.batch_size, f" oracle (simulation only)={self.oracle}" if self.oracle else "")
         FedAvg.summary(self)
 
     def local_config(self, server_round: int, participation: float) -> dict[str, Any]:
         """The settings :class:`fedpdm_flower.clients.fedrep.MomentumSGDClient` reads: eta_t (spec 3.3), beta, I and B."""
         cfg: dict[str, Any] = {
-            "lr": learning_rate(self.lr, server_round, self.lr_decay_round or 0, self.lr_decay_factor),
+            "lr": learning_rate(self.eta0, server_round, self.eta0_decay_round or 0, self.eta0_decay_factor),
             "momentum": self.momentum, "local-steps": self.local_steps,
         }
         if self.batch_size is not None:

@@ -35,7 +35,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy = FedREP(
         min_available_nodes=int(rc["min-nodes"]), fraction_evaluate=0.0,
         conspar=ConSpar(fraction=float(rc["conspar-fraction"])), buffer_size=int(rc["buffer-size"]), masked=True,
-        aggregator=GeometricMedian(iters=5), lr=float(rc["lr"]), local_steps=int(rc["local-steps"]), batch_size=None,
+        aggregator=GeometricMedian(iters=5), eta0=float(rc["lr"]), local_steps=int(rc["local-steps"]), batch_size=None,
     )
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()),
                             num_rounds=int(rc["num-server-rounds"]), evaluate_fn=central_eval)

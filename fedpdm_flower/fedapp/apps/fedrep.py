@@ -116,7 +116,7 @@ def client_attack(cfg: RunConfig, partition_id: int) -> ClientAttack | None:
 # ---------------------------------------------------------------------------------------------- builders
 def local_algorithm(cfg: RunConfig) -> dict[str, Any]:
     """Eq. (180) and its schedule: lr, lr-decay-round (0 = never), momentum, local-steps, batch-size."""
-    return {"lr": cfg.lr, "lr_decay_round": cfg.lr_decay_round or None, "momentum": cfg.momentum,
+    return {"eta0": cfg.lr, "eta0_decay_round": cfg.lr_decay_round or None, "momentum": cfg.momentum,
             "local_steps": cfg.local_steps, "batch_size": cfg.batch_size}
 
 
