@@ -464,3 +464,19 @@ def test_compress_mod_sends_batchnorm_statistics_as_they_are_never_through_the_c
     np.testing.assert_array_equal(sent["k.norm.running_var"], trained["norm.running_var"])
     assert int(sent["k.norm.num_batches_tracked"]) == 7
     assert not any(k.startswith("c.") and "norm.running" in k for k in sent)
+
+
+@pytest.mark.parametrize("family", ["broadcast", "fedrep"])
+def test_batch_size_none_with_a_plain_dataset_names_both_fixes(family: str) -> None:
+    """batch_size=None means "each client's DataLoader batch size" in every family; a client given a plain Dataset
+    has none, and the round's error says what to change on either side (not a missing wire key)."""
+    from fedpdm_flower.strategies.base import RoundFailed
+
+    if family == "broadcast":
+        strategy: Any = FedAvg(min_available_nodes=2, batch_size=None, eta0=0.1, seed=0)
+        make: Any = lambda c: FedAvgClient(TinyCNN(), images(20, 0), loss_fn=nn.CrossEntropyLoss())  # noqa: E731
+    else:
+        strategy = SHARE(min_available_nodes=2, masked=False, batch_size=None, eta0=0.1, seed=0)
+        make = lambda c: FedREPClient(TinyCNN(), images(20, 0), loss_fn=nn.CrossEntropyLoss())  # noqa: E731
+    with pytest.raises(RoundFailed, match=r"batch_size=None .*give the client a DataLoader, or pass batch_size=\.\.\."):
+        run_clients(strategy, make, num_nodes=2, num_rounds=1, initial_arrays=ArrayRecord(TinyCNN().state_dict()))

@@ -141,7 +141,8 @@ class BroadcastClient(FedClient):
             return cfg.integer("batch-size", lo=1)
         if data.default_batch_size:
             return int(data.default_batch_size)
-        raise ValueError("message config lacks 'batch-size' and the client's data has no DataLoader batch size")
+        raise ValueError("the strategy was built with batch_size=None (each client's DataLoader batch size), and this "
+                         "client's data has none: give the client a DataLoader, or pass batch_size=... to the strategy")
 
     @staticmethod
     def eta(cfg: MessageConfig) -> float:

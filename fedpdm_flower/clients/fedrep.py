@@ -177,7 +177,8 @@ class LocalMomentumClient(FedClient):
         data = self.require_data()
         if data.default_batch_size:
             return int(data.default_batch_size)
-        raise ValueError("message config lacks 'batch-size' and the client's data has no DataLoader batch size")
+        raise ValueError("the strategy was built with batch_size=None (each client's DataLoader batch size), and this "
+                         "client's data has none: give the client a DataLoader, or pass batch_size=... to the strategy")
 
     def local_round(self, w: NDArray[Any], cfg: MessageConfig, st: dict[str, Any]) -> LocalResult:
         """I steps of Eq. (180) from w^t with the message's eta_t, beta, I and B; the persistent momentum and data
