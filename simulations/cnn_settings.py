@@ -132,7 +132,7 @@ def iadmm(**kw: Any) -> Callable[[int], list[float]]:
         from fedpdm_flower.strategies.iadmm import ObjPM
 
         rc = {"samples-per-node": 1000, "max-epsilon": 1e9}
-        strategy = ObjPM(min_available_nodes=3, privacy=ObjectivePerturbation(5.0, sensitivity_mode="clipped", clip=200.0),
+        strategy = ObjPM(min_available_nodes=3, privacy=ObjectivePerturbation(5.0, sensitivity_mode="clipped", clip_norm=200.0),
                          **kw)
         return _run(strategy, client_app.app, 3, rounds, task.Net(), task, rc)
 

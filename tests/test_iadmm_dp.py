@@ -177,7 +177,7 @@ def test_the_paper_mechanisms_report_rigorous_figures_beside_their_per_solve_bud
     pld.compose(dp_event.LaplaceDpEvent(20.0), 2000)
     assert pld.get_epsilon(1e-5) <= rdp < 2000 * 0.05  # PLD is the tighter accountant; basic composition looser
     assert rdp == pytest.approx(12.16, abs=0.01) and pld.get_epsilon(1e-5) == pytest.approx(11.35, abs=0.02)
-    assert not paper.rigorous and ObjectivePerturbation(0.05, "bounded", clip=784.0).rigorous
+    assert not paper.rigorous and ObjectivePerturbation(0.05, "bounded", clip_norm=784.0).rigorous
     assert laplace_rdp_epsilon(1, 0.5, 1e-5) == 0.5  # one release: its pure epsilon
     # OutP's reference code at 0.05 per step, delta-bar 1e-6: Gaussian releases of multiplier sqrt(2 ln 1.25e6) / 0.05
     outp = OutputPerturbation(0.05)

@@ -185,7 +185,7 @@ def _mlp_run(strategy: Any, rounds: int = 4, client: type[IADMMClient] = IADMMCl
 
 def test_objpm_trains_a_users_mlp_with_clipped_sensitivity_and_returns_its_state_dict() -> None:
     eps, clip = 1.0, 10.0
-    strategy, net, test, contexts = _mlp_run(ObjPM(privacy=ObjectivePerturbation(eps, "clipped", clip=clip),
+    strategy, net, test, contexts = _mlp_run(ObjPM(privacy=ObjectivePerturbation(eps, "clipped", clip_norm=clip),
                                                    rho=0.5, eta=2.0, min_available_nodes=3, seed=0))
     acc = [r.test_accuracy for r in strategy.history]
     # three blobs, chance 1/3; round 1 evaluates the initial model (the w it broadcast, spec A11); measured
@@ -301,7 +301,7 @@ def test_a_missing_agent_stops_the_run_naming_it() -> None:
 
 
 def test_the_strategy_is_the_single_source_of_truth() -> None:
-    s = DPIADMM(local_updates=3, privacy=ObjectivePerturbation(0.5, "clipped", clip=4.0, delta=1e-6),
+    s = DPIADMM(local_updates=3, privacy=ObjectivePerturbation(0.5, "clipped", clip_norm=4.0, delta=1e-6),
                 rho=RhoSchedule.femnist(), eta=EtaSchedule("const", 0.2), beta=1e-3, box=5.0, total_samples=999,
                 min_available_nodes=2, seed=0)
     s.initialize(ArrayRecord(MLP().state_dict()))
@@ -331,7 +331,7 @@ def test_the_strategy_is_the_single_source_of_truth() -> None:
     assert cfg["rho"] == 2.0  # (24) without its c2 / epsilon-bar offset: DP-SGD has no per-solve budget
     assert "epsilon" not in cfg and "sensitivity-mode" not in cfg
 
-    o = OutP(privacy=OutputPerturbation(1.0, delta_bar=1e-5, sensitivity_mode="clipped", clip=1.0,
+    o = OutP(privacy=OutputPerturbation(1.0, delta_bar=1e-5, sensitivity_mode="clipped", clip_norm=1.0,
                                         noise_std="sigma-squared"), rho=3.0, eta_scale=2.0, order="alg1",
              grad_scale="global", total_samples=50, min_available_nodes=2)
     o.initialize(ArrayRecord(MLP().state_dict()))
@@ -370,12 +370,12 @@ def test_constructors_name_the_bad_argument() -> None:
         (lambda: DPIADMM(privacy=None, total_samples=0), "total_samples must be an integer >= 1"),
         (lambda: DPIADMM(privacy=None, box=0.0), "box must be a number > 0"),
         (lambda: ObjectivePerturbation(0.0), "epsilon_bar must be a finite number > 0"),
-        (lambda: ObjectivePerturbation(1.0, "clipped"), "'clipped' needs its clipping bound: pass clip=C"),
+        (lambda: ObjectivePerturbation(1.0, "clipped"), "'clipped' needs its clipping bound: pass clip_norm=C"),
         (lambda: ObjectivePerturbation(1.0, "rdp"), "sensitivity_mode must be one of"),
-        (lambda: ObjectivePerturbation(1.0, clip=1.0), "clip applies to sensitivity_mode 'bounded'"),
+        (lambda: ObjectivePerturbation(1.0, clip_norm=1.0), "clip_norm applies to sensitivity_mode 'bounded'"),
         (lambda: OutP(privacy=None, order="paper"), "order must be one of"),
         (lambda: OutputPerturbation(1.0, delta_bar=0.0), "delta_bar must be a float in"),
-        (lambda: OutputPerturbation(1.0, sensitivity_mode="clipped"), "pass clip=C"),
+        (lambda: OutputPerturbation(1.0, sensitivity_mode="clipped"), "pass clip_norm=C"),
         (lambda: PrivacyTarget(epsilon=8.0, sample_rate=1.5), "sample_rate"),
         (lambda: PrivacyTarget(epsilon=8.0, clip_norm=0.0), "clip_norm"),
         (lambda: RhoSchedule(c1=0.0), "RhoSchedule c1"),
@@ -406,7 +406,7 @@ def _one_message(strategy: Any, model: nn.Module) -> RecordDict:
 def test_a_client_refuses_the_other_mechanism_a_lost_state_and_what_its_floor_forbids() -> None:
     data = blobs(40, 0)
     kw: dict[str, Any] = {"min_available_nodes": 1, "min_train_nodes": 1, "total_samples": 40, "seed": 0}
-    outp_msg = _one_message(OutP(privacy=OutputPerturbation(1.0, sensitivity_mode="clipped", clip=1.0), **kw), MLP())
+    outp_msg = _one_message(OutP(privacy=OutputPerturbation(1.0, sensitivity_mode="clipped", clip_norm=1.0), **kw), MLP())
     with pytest.raises(ValueError, match=r"'iadmm-algorithm' = 'outp'.*OutP with OutPClient"):
         IADMMClient(MLP(), data, context=context()).handle("train", outp_msg)
     with pytest.raises(TypeError, match=r"'reference' noise calibration.*multinomial"):
@@ -414,7 +414,7 @@ def test_a_client_refuses_the_other_mechanism_a_lost_state_and_what_its_floor_fo
             "train", _one_message(OutP(privacy=OutputPerturbation(1.0), **kw), MLP()))
     assert "arrays" in OutPClient(MLP(), data, context=context()).handle("train", outp_msg).array_records
 
-    msg = _one_message(ObjP(privacy=ObjectivePerturbation(1.0, "clipped", clip=1.0), **kw), MLP())
+    msg = _one_message(ObjP(privacy=ObjectivePerturbation(1.0, "clipped", clip_norm=1.0), **kw), MLP())
     ctx = context()
     client = IADMMClient(MLP(), data, context=ctx)
     client.handle("train", msg)
@@ -426,7 +426,7 @@ def test_a_client_refuses_the_other_mechanism_a_lost_state_and_what_its_floor_fo
 
     for strategy, why in [(ObjP(privacy=None, **kw), "without noise"),
                           (ObjP(privacy=ObjectivePerturbation(1.0), **kw), "'paper' is data-dependent"),
-                          (ObjPM(privacy=ObjectivePerturbation(1.0, "clipped", clip=1.0), **kw),
+                          (ObjPM(privacy=ObjectivePerturbation(1.0, "clipped", clip_norm=1.0), **kw),
                            r"epsilon = 10 .* > its floor")]:
         floor = IADMMClient(MLP(), data, context=context(), max_epsilon=5.0)
         with pytest.raises(ValueError, match=f"refused: .*{why}"):
@@ -438,7 +438,7 @@ def test_a_client_refuses_the_other_mechanism_a_lost_state_and_what_its_floor_fo
 
 def test_outp_trains_a_users_mlp_with_clipped_l2_sensitivity() -> None:
     eps, delta, clip = 5.0, 1e-5, 1.0
-    strategy, *_ = _mlp_run(OutP(privacy=OutputPerturbation(eps, delta_bar=delta, sensitivity_mode="clipped", clip=clip),
+    strategy, *_ = _mlp_run(OutP(privacy=OutputPerturbation(eps, delta_bar=delta, sensitivity_mode="clipped", clip_norm=clip),
                                  rho=1.0, min_available_nodes=3, seed=0), rounds=3, client=OutPClient)
     rec = strategy.history[0]
     # round 1, Huang's proximity with I_p of each agent and the Gaussian mechanism on 2 C / (I_p (rho + 1/eta))

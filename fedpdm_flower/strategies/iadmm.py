@@ -438,7 +438,7 @@ class DPIADMM(ConsensusADMM):
     w first (4a), then E perturbed inexact local solves on every agent, then the duals (4c).
 
     For a neural network use constant ``rho=0.2, eta=3.0``: the paper's schedules fit its linear model (an MLP on
-    MNIST, ObjPM with ``ObjectivePerturbation(5.0, sensitivity_mode="clipped", clip=200.0)``: 0.22 after 3 rounds
+    MNIST, ObjPM with ``ObjectivePerturbation(5.0, sensitivity_mode="clipped", clip_norm=200.0)``: 0.22 after 3 rounds
     with them, 0.56 with these; docs/models-and-data.md).
 
     Parameters
@@ -450,7 +450,7 @@ class DPIADMM(ConsensusADMM):
           (module docstring). Each local solve (8) takes one DP-SGD step: its gradient is the noisy clipped
           gradient of a Poisson sample of the agent's records (:class:`fedpdm_flower.fedapp.algorithms.iadmm.DPSGDObjective`),
           so a round charges E steps to every device's ledger, calibrated for E x rounds steps.
-        * ``ObjectivePerturbation(epsilon_bar, sensitivity_mode="paper", clip=None)``: the paper's Laplace objective
+        * ``ObjectivePerturbation(epsilon_bar, sensitivity_mode="paper", clip_norm=None)``: the paper's Laplace objective
           perturbation (9a), epsilon-bar per solve, full batch: the reproduction setting (its rigorous Renyi-DP
           composition is reported beside epsilon-bar; the paper's own Delta is data-dependent, spec A2).
         * ``None``: non-private IADMM (no noise, and no c2 / epsilon-bar term in (24)).

@@ -834,10 +834,10 @@ class ObjectivePerturbation:
     sensitivity_mode
         ``"paper"`` (default): Section IV's Delta = ``(1/I) max_i ||x_i||_1 ||h(z; x_i) - y_i||_1`` at every iterate,
         model (63) only; data-dependent and not a bound (spec A2), so **no guarantee holds** and the figures the
-        devices report are what the run would spend if it were one. ``"bounded"``: features L1-clipped to ``clip``
+        devices report are what the run would spend if it were one. ``"bounded"``: features L1-clipped to ``clip_norm``
         = C1, Delta = 4 C1 / I (model (63) only; rigorous). ``"clipped"``: every per-record gradient clipped to L1
-        norm ``clip`` = C, Delta = 2 C / I (any model with per-record gradients; rigorous).
-    clip
+        norm ``clip_norm`` = C, Delta = 2 C / I (any model with per-record gradients; rigorous).
+    clip_norm
         C1 of ``"bounded"`` or C of ``"clipped"`` (required there; None with ``"paper"``).
     delta
         The delta at which the devices report the Renyi-DP composition (default 1e-5, the project's one default).
@@ -845,7 +845,7 @@ class ObjectivePerturbation:
 
     epsilon_bar: float
     sensitivity_mode: str = "paper"
-    clip: float | None = None
+    clip_norm: float | None = None
     delta: float = 1e-5
 
     kind = "laplace-objective"
@@ -857,16 +857,16 @@ class ObjectivePerturbation:
         if self.sensitivity_mode not in SENSITIVITY_MODES:
             raise ValueError(f"ObjectivePerturbation sensitivity_mode must be one of {list(SENSITIVITY_MODES)}, "
                              f"got {self.sensitivity_mode!r}")
-        if self.sensitivity_mode == "paper" and self.clip is not None:
-            raise ValueError("ObjectivePerturbation clip applies to sensitivity_mode 'bounded' (C1) and 'clipped' (C), "
+        if self.sensitivity_mode == "paper" and self.clip_norm is not None:
+            raise ValueError("ObjectivePerturbation clip_norm applies to sensitivity_mode 'bounded' (C1) and 'clipped' (C), "
                              "not 'paper'")
         if self.sensitivity_mode != "paper":
-            c = self.clip
+            c = self.clip_norm
             if c is None:
                 raise ValueError(f"ObjectivePerturbation sensitivity_mode {self.sensitivity_mode!r} needs its clipping "
-                                 "bound: pass clip=C > 0")
+                                 "bound: pass clip_norm=C > 0")
             if isinstance(c, bool) or not isinstance(c, int | float) or not (math.isfinite(c) and c > 0):
-                raise ValueError(f"ObjectivePerturbation clip must be a finite number > 0, got {c!r}")
+                raise ValueError(f"ObjectivePerturbation clip_norm must be a finite number > 0, got {c!r}")
         if not 0.0 < self.delta < 1.0:
             raise ValueError(f"ObjectivePerturbation delta must lie in (0, 1), got {self.delta!r}")
 
@@ -886,8 +886,8 @@ class ObjectivePerturbation:
         cfg: dict[str, float | int | str | bool] = {
             "dp": True, "dp-mechanism": self.kind, "epsilon": float(self.epsilon_bar),
             "sensitivity-mode": self.sensitivity_mode, "dp-delta": self.delta}
-        if self.clip is not None:
-            cfg["clip"] = float(self.clip)
+        if self.clip_norm is not None:
+            cfg["clip"] = float(self.clip_norm)
         return cfg
 
 
@@ -910,8 +910,8 @@ class OutputPerturbation:
         a record's gradient. It holds whenever every record's gradient norm is at most I_p: for softmax regression
         on pixels in [0, 1] that norm is ``||x||_2 ||h - y||_2 <= 28 sqrt(2) = 39.6`` on MNIST, far below
         I_p = 6 000, so the bound is valid there (and about 150 times looser than needed). ``"clipped"``: every
-        record's gradient clipped to L2 norm ``clip`` = C, ``Delta_2 = 2 C / (n (rho + 1/eta))``.
-    clip
+        record's gradient clipped to L2 norm ``clip_norm`` = C, ``Delta_2 = 2 C / (n (rho + 1/eta))``.
+    clip_norm
         C of ``"clipped"`` (required there; None with ``"reference"``).
     noise_std
         ``"sigma"`` (default) or ``"sigma-squared"``: the reference code's bug, sigma^2 used as the std (spec A9);
@@ -923,7 +923,7 @@ class OutputPerturbation:
     epsilon_bar: float
     delta_bar: float = 1e-6
     sensitivity_mode: str = "reference"
-    clip: float | None = None
+    clip_norm: float | None = None
     noise_std: str = "sigma"
     delta: float = 1e-5
 
@@ -941,14 +941,14 @@ class OutputPerturbation:
                              f"got {self.sensitivity_mode!r}")
         if self.noise_std not in ("sigma", "sigma-squared"):
             raise ValueError(f"OutputPerturbation noise_std must be 'sigma' or 'sigma-squared', got {self.noise_std!r}")
-        if self.sensitivity_mode == "reference" and self.clip is not None:
-            raise ValueError("OutputPerturbation clip applies to sensitivity_mode 'clipped', not 'reference'")
+        if self.sensitivity_mode == "reference" and self.clip_norm is not None:
+            raise ValueError("OutputPerturbation clip_norm applies to sensitivity_mode 'clipped', not 'reference'")
         if self.sensitivity_mode == "clipped":
-            c = self.clip
+            c = self.clip_norm
             if c is None:
-                raise ValueError("OutputPerturbation sensitivity_mode 'clipped' needs its clipping bound: pass clip=C")
+                raise ValueError("OutputPerturbation sensitivity_mode 'clipped' needs its clipping bound: pass clip_norm=C")
             if isinstance(c, bool) or not isinstance(c, int | float) or not (math.isfinite(c) and c > 0):
-                raise ValueError(f"OutputPerturbation clip must be a finite number > 0, got {c!r}")
+                raise ValueError(f"OutputPerturbation clip_norm must be a finite number > 0, got {c!r}")
 
     @property
     def noise_multiplier(self) -> float:
@@ -966,6 +966,6 @@ class OutputPerturbation:
         cfg: dict[str, float | int | str | bool] = {
             "dp": True, "dp-mechanism": self.kind, "epsilon": float(self.epsilon_bar), "delta": self.delta_bar,
             "sensitivity-mode": self.sensitivity_mode, "noise-std": self.noise_std, "dp-delta": self.delta}
-        if self.clip is not None:
-            cfg["clip"] = float(self.clip)
+        if self.clip_norm is not None:
+            cfg["clip"] = float(self.clip_norm)
         return cfg

@@ -58,7 +58,7 @@ def privacy_of(cfg: RunConfig) -> Any:
                                   delta=cfg.delta)
     bounded = cfg.sensitivity_mode == "bounded"
     return ObjectivePerturbation(cfg.iadmm_epsilon, sensitivity_mode=cfg.sensitivity_mode,
-                                 clip=cfg.clip_l1 if bounded else None, delta=cfg.delta)
+                                 clip_norm=cfg.clip_l1 if bounded else None, delta=cfg.delta)
 
 
 def rho_of(cfg: RunConfig) -> float | RhoSchedule:
