@@ -160,7 +160,7 @@ def test_constructors_name_the_bad_argument() -> None:
         (FedREP, {"buffer_size": 1}, "masked=True needs buffer_size"),
         (FedREP, {"buffer_size": 0, "masked": False}, "buffer_size must be"),
         (FedREP, {"fraction_train": 0.5}, "fraction_train must be 1"),
-        (FedREP, {"lr": 0.0}, "lr must be"),
+        (FedREP, {"eta0": 0.0}, "eta0 must be"),
         (FedREP, {"momentum": 1.0}, "momentum must lie"),
         (FedREP, {"local_steps": 0}, "local_steps must be"),
         (FedREP, {"aggregator": "geomed"}, "aggregator must be a callable"),

@@ -104,7 +104,7 @@ def drive(strategy: Any, *, rounds: int = 1, nodes: int = N, min_buffer: int = 2
 
 def fedrep(cls: type[FedREP] = HonestFedREP, **kw: Any) -> Any:
     args: dict[str, Any] = {"min_available_nodes": N, "conspar": ConSpar(1.0), "buffer_size": 2, "masked": True,
-                            "aggregator": Mean(), "lr": 0.1, "local_steps": 2, "batch_size": 10, "seed": 3}
+                            "aggregator": Mean(), "eta0": 0.1, "local_steps": 2, "batch_size": 10, "seed": 3}
     return cls(**{**args, **kw})
 
 
