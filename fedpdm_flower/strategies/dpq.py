@@ -219,8 +219,8 @@ class DPQDSGD(SyncRouter):
     def __init__(self, *, privacy: Any = MISSING, q_step: float = 1.0, horizon: int | None = None, a1: float = 0.35,
                  alpha: float = 1.0, a2: float = 0.3, beta: float = 0.75, a3: float = 0.24, gamma: float = 0.7,
                  self_term: str = "z", evaluate_average: bool = False, **federation: Any) -> None:
+        privacy = require_privacy(privacy, type(self).__name__, "TimeVaryingNoise(sigma_exp=..., ...)")
         super().__init__(**federation)
-        privacy = require_privacy(privacy, "DPQDSGD", "TimeVaryingNoise(sigma_exp=..., ...)")
         if privacy is not None and not isinstance(privacy, PrivacyTarget | TimeVaryingNoise):
             raise TypeError(f"privacy must be a PrivacyTarget (record-level DP-SGD), a TimeVaryingNoise (the paper's "
                             f"mechanism) or None (no noise), got {type(privacy).__name__}")

@@ -667,9 +667,9 @@ class IADMMMean(FedAvg):
             if forbidden in fedavg:
                 raise ValueError(f"IADMMMean sets {forbidden} itself: every agent takes part in every round and "
                                  "weighs 1 in (4a)")
+        privacy = _check_privacy(privacy, type(self).__name__, ObjectivePerturbation)
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=min_available_nodes,
                          min_available_nodes=min_available_nodes, weighted_by_key=WEIGHT_KEY, **fedavg)
-        privacy = _check_privacy(privacy, type(self).__name__, ObjectivePerturbation)
         if isinstance(local_updates, bool) or not isinstance(local_updates, int) or local_updates < 1:
             raise ValueError(f"local_updates must be an integer >= 1, got {local_updates!r}")
         if isinstance(total_samples, bool) or not isinstance(total_samples, int) or total_samples < 1:

@@ -122,8 +122,8 @@ class RecalFamily(GraphRouting):
 
     def __init__(self, *, privacy: Any = MISSING, nu1: float = 0.5, nu2: float = 0.5,
                  lipschitz_bound: float | None = None, **routing: Any) -> None:
-        super().__init__(**routing)
         privacy = require_privacy(privacy, type(self).__name__, "Theorem3Calibration(epsilon=..., delta=..., R=...)")
+        super().__init__(**routing)
         self.target: PrivacyTarget | None = None
         self.paper: Theorem3Calibration | None = None
         self.epsilon: float | None = None
