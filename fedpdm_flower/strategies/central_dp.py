@@ -94,6 +94,7 @@ class CentralDP(StrategyWrapper):
     def __init__(self, inner: Strategy, *, epsilon: float, delta: float = 1e-5, clip_norm: float = 1.0,
                  sample_rate: float = 0.1, num_rounds: int, min_available_nodes: int = 2,
                  noise_multiplier: float | None = None) -> None:
+        from fedpdm_flower.fedapp.privacy.dpsgd import check_clip_norm, check_sample_rate
         from fedpdm_flower.fedapp.privacy.pld import poisson_noise_multiplier_for
 
         super().__init__(inner)
@@ -103,12 +104,11 @@ class CentralDP(StrategyWrapper):
         if inner.fraction_train != 1.0 or inner.min_train_nodes != 1 or inner.min_available_nodes != 1:
             raise ValueError("CentralDP samples the clients itself (Poisson, secret): build the inner strategy with "
                              "FedAvg(fraction_train=1.0, min_train_nodes=1, min_available_nodes=1, ...)")
-        for name, v in (("clip_norm", clip_norm), ("epsilon", epsilon)):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-        if not 0.0 < sample_rate <= 1.0:
-            raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
-        self.epsilon, self.delta, self.clip_norm, self.q = float(epsilon), float(delta), float(clip_norm), float(sample_rate)
+        if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not (math.isfinite(epsilon) and epsilon > 0):
+            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+        # q and C are checked where every privacy setting checks them (the DP-SGD core's validators)
+        self.clip_norm, self.q = check_clip_norm(clip_norm), check_sample_rate(sample_rate)
+        self.epsilon, self.delta = float(epsilon), float(delta)
         self.num_rounds, self.min_available_nodes = num_rounds, min_available_nodes
         if noise_multiplier is not None and not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
             raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
