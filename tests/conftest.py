@@ -58,10 +58,11 @@ def flower_simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loca
     Not `flwr run`'s shared local daemon: that daemon may have been started from another checkout and would run its
     ClientApps there (the editable install puts that checkout on sys.path); this one imports the checkout under test
     (PYTHONPATH). Starting a SuperLink costs seconds, so tests pass its ``connection`` and ``env`` to ``run_flower``
-    instead of starting their own; runs on it are independent (each ``flwr run`` is a new run id)."""
+    instead of starting their own; runs on it are independent (each ``flwr run`` is a new run id). Its runs join one
+    Ray cluster started with it (``ray_head``) instead of starting one each: a test process runs one at a time."""
     from simulations.deploy import local_simulation
 
-    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home")) as sim:
+    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home"), ray_head=True) as sim:
         yield sim
 
 
@@ -110,7 +111,7 @@ def installed_simulation(installed_env: InstalledEnv, tmp_path_factory: pytest.T
 
     work = tmp_path_factory.mktemp("installed-superlink")
     with local_simulation(flwr_home=work / "flwr-home", pythonpath=None, bin_dir=installed_env.bin_dir,
-                          cwd=work) as sim:
+                          cwd=work, ray_head=True) as sim:  # its Ray cluster runs the installed environment's Python
         yield sim
 
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fedpdm_flower.fedapp.secagg import NodeIdentity, TrustStore
-from simulations.deploy import LocalSimulation, local_simulation
+from simulations.deploy import LocalSimulation
 from simulations.flower_driver import ROOT, run_flower
 
 # one xdist worker runs the whole module: its module-scoped `flwr run` fixture would otherwise run once per worker
@@ -79,9 +78,8 @@ def run_app(sim: LocalSimulation, tmp: Path, **overrides: Any) -> dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
-    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home")) as sim:
-        yield sim
+def simulation(flower_simulation: LocalSimulation) -> LocalSimulation:
+    return flower_simulation  # the session's SuperLink and Ray cluster (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
