@@ -548,7 +548,8 @@ class LocalSimulation:
 @contextlib.contextmanager
 def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup_timeout: float = 30.0,
                      stop_timeout: float = 10.0, bin_dir: Path | None = None,
-                     cwd: Path | None = None, ray_head: bool = False) -> Iterator[LocalSimulation]:
+                     cwd: Path | None = None, ray_head: bool = False,
+                     ray_cpus: int | None = None) -> Iterator[LocalSimulation]:
     """Start a simulation SuperLink on free loopback ports and register it as a CLI connection.
 
     Unlike ``flwr run``'s shared local daemon, its ServerApp and ClientApps import this checkout's packages
@@ -567,6 +568,8 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
     cluster of its own, about 10 s of every run on 2 cores. The runs themselves are unchanged: each still builds
     its own pool of ClientApp actors (new worker processes, a new Ray job) and ends them when it ends. Runs on one
     such SuperLink share the cluster's CPUs, so they should run one at a time (as one test process does).
+    ``ray_cpus`` is the logical CPUs that cluster offers (default: all of the machine's); with Flower's default of
+    one CPU per ClientApp it is the number of ClientApp actors a run gets.
     """
     flwr_home = flwr_home.resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -586,7 +589,8 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
     try:
         if ray_head:
             ray_temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-            env["RAY_ADDRESS"] = _start_ray_head(sim._daemons, env, logs, ray_temp, startup_timeout, cwd or ROOT)
+            env["RAY_ADDRESS"] = _start_ray_head(sim._daemons, env, logs, ray_temp, startup_timeout, cwd or ROOT,
+                                                 ray_cpus or os.cpu_count() or 1)
         sim._daemons.append(_spawn("superlink", [
             "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
@@ -615,7 +619,7 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
 
 
 def _start_ray_head(daemons: list[_Daemon], env: dict[str, str], logs: Path, temp: Path, timeout: float,
-                    cwd: Path) -> str:
+                    cwd: Path, cpus: int) -> str:
     """Start ``ray start --head --block`` (appended to ``daemons``, so it is stopped with them); return its address.
 
     ``temp`` is its temporary directory: a short new one under /tmp, not Ray's default /tmp/ray, because a process
@@ -625,7 +629,7 @@ def _start_ray_head(daemons: list[_Daemon], env: dict[str, str], logs: Path, tem
     (port,) = free_ports(1)
     head = _spawn("ray-head", [
         "ray", "start", "--head", "--block", "--port", str(port), "--node-ip-address", "127.0.0.1",
-        "--temp-dir", str(temp), "--num-cpus", str(os.cpu_count() or 1), "--include-dashboard", "false",
+        "--temp-dir", str(temp), "--num-cpus", str(cpus), "--include-dashboard", "false",
         "--disable-usage-stats",
     ], env, logs / "ray-head.log", cwd=cwd)
     daemons.append(head)
