@@ -62,7 +62,7 @@ def test_precision_follows_the_features_and_the_environment(monkeypatch: pytest.
         products_dtype(x64)
 
 
-@pytest.mark.slow  # two 15-round runs on 60,000 samples (67 s measured on a heavily loaded 2-core machine)
+# two 15-round runs on 60,000 samples: 18 s on a quiet 2-core machine (67 s once on a heavily loaded one)
 def test_float32_test_error_within_a_tenth_of_a_point_of_float64(monkeypatch: pytest.MonkeyPatch) -> None:
     """Non-private ObjP on MNIST (2 agents of 30,000 samples, 15 rounds): the float32 run's test error is within 0.1
     percentage point of the float64 run's."""
