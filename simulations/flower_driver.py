@@ -126,11 +126,47 @@ def submit_run(config: dict[str, Any], *, num_supernodes: int | None = None, con
         raise FlowerRunError(f"could not read the run id from `flwr run` output: {out!r}") from err
 
 
+def _flwr_here(args: list[str], env: dict[str, str], timeout: float | None = None) -> str:
+    """``flwr ARGS`` in this process (typer's CliRunner on flwr's own CLI app, ``env`` applied for the call): the same
+    code and output as the ``flwr`` executable without starting a Python process that imports flwr (about a second
+    of CPU each; a test session runs dozens of runs). Used for the read-only ``list`` and ``log`` calls only.
+
+    flwr prints ``--format json`` output to ``sys.__stdout__``, past any redirection, so that is captured too. A call
+    that has not returned within ``timeout`` seconds raises FlowerRunError (it is left running in a daemon thread).
+    """
+    import contextlib
+    import io
+    import threading
+
+    from flwr.cli.app import app as flwr_cli
+    from typer.testing import CliRunner
+
+    raw, out = io.StringIO(), dict[str, Any]()
+
+    def invoke() -> None:
+        with contextlib.ExitStack() as stack:
+            saved = sys.__stdout__
+            stack.callback(setattr, sys, "__stdout__", saved)
+            sys.__stdout__ = raw  # type: ignore[assignment,misc]
+            out["result"] = CliRunner().invoke(flwr_cli, args, env=env, catch_exceptions=True)
+
+    worker = threading.Thread(target=invoke, name=f"flwr {args[0]}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise FlowerRunError(f"flwr {' '.join(args)} did not return within {timeout:.0f} s")
+    result = out["result"]
+    if result.exit_code != 0:
+        raise FlowerRunError(f"flwr {' '.join(args)} failed ({result.exit_code}): {result.output}{raw.getvalue()}"
+                             + (f"\n{result.exception!r}" if result.exception else ""))
+    return str(result.stdout) + raw.getvalue()
+
+
 def run_status(run_id: int, *, connection: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The run's record from `flwr list --run-id` (``status``, ``status-details``, ``network-traffic``, ...)."""
-    listing = json.loads(_flwr(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format",
-                                                                                 "json"], env or flwr_env()))
-    return dict(listing["runs"][0])
+    out = _flwr_here(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format", "json"],
+                     env or flwr_env(), timeout=120)
+    return dict(json.loads(out[out.index("{"):])["runs"][0])
 
 
 def run_flower(
@@ -154,10 +190,12 @@ def run_flower(
     run_id = submit_run(cfg, num_supernodes=num_supernodes, connection=connection, env=env, simulation=simulation,
                         app=app)
     log_args = ["log", str(run_id)] + ([connection] if connection else []) + ["--stream"]
-    proc = subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, capture_output=not stream, text=True, timeout=timeout, check=False)
-    logs = (proc.stdout or "") + (proc.stderr or "")
-    listing = json.loads(_flwr(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format", "json"], env))
-    run = listing["runs"][0]
+    if stream:  # the user watches the run: the flwr executable prints as the logs arrive
+        proc = subprocess.run(["flwr", *log_args], env=env, cwd=ROOT, text=True, timeout=timeout, check=False)
+        logs = (proc.stdout or "") + (proc.stderr or "")
+    else:  # kept for the caller (tests read them): followed in this process until the run ends
+        logs = _flwr_here(log_args, env, timeout=timeout)
+    run = run_status(run_id, connection=connection, env=env)
     status = str(run["status"])
     result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / (results_name or "results.json"),
                        log=logs)
