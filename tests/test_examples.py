@@ -137,6 +137,10 @@ def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(installed_
                      env=installed_simulation.env, simulation=True, app=ROOT / "examples" / "wrapped_fedavg", results_name=None,
                      stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
-    privacy = json.loads(out.read_text())["privacy"]
+    result = json.loads(out.read_text())
+    privacy = result["privacy"]
     assert privacy["accountant"] == "pld" and privacy["unit"] == "client" and privacy["releases"] == 3
     assert 7.99 < privacy["epsilon"] <= 8.0 and privacy["delta"] == 1e-5  # z calibrated to spend the target
+    # the per-round diagnostics end where the accountant does (running totals are not summed over rounds)
+    assert result["totals"]["central_dp.epsilon"] == privacy["epsilon"]
+    assert result["totals"]["central_dp.releases"] == 3

@@ -71,12 +71,14 @@ def main(grid: Grid, context: Context) -> None:
     net.load_state_dict(result.arrays.to_torch_state_dict())
     loss, acc = evaluate(net, test)
     # the wrappers' per-round figures (bytes both ways, buffers, robust inputs), summed over the rounds: they are in
-    # the wrappers' diagnostics, while the Result holds what Flower's FedAvg puts there (the clients' metrics)
+    # the wrappers' diagnostics, while the Result holds what Flower's FedAvg puts there (the clients' metrics).
+    # Figures that are already running totals or settings (the epsilon spent so far, z, q) keep their last value.
     totals: dict[str, float] = {}
     for figures in getattr(strategy, "diagnostics", {}).values():
         for k, v in figures.items():
             if "." in k and isinstance(v, int | float):
-                totals[k] = totals.get(k, 0.0) + float(v)
+                last = k.rsplit(".", 1)[1] in ("epsilon", "releases", "noise_multiplier", "sample_rate")
+                totals[k] = float(v) if last else totals.get(k, 0.0) + float(v)
     last = result.train_metrics_clientapp[max(result.train_metrics_clientapp)] if result.train_metrics_clientapp else {}
     privacy: dict[str, Any] = {}
     if hasattr(strategy, "privacy_spent"):  # central / distributed DP: the server's accountant (one client)

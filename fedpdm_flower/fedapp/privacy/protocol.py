@@ -264,26 +264,25 @@ class PldAccountant(GaussianAccountant):
         self._reset()
 
     def _reset(self) -> None:
-        from dp_accounting.pld import PLDAccountant
+        from dp_accounting.pld import privacy_loss_distribution as pld
 
         super()._reset()
-        self._backend = PLDAccountant(value_discretization_interval=self.value_discretization_interval)
+        self._pld = pld.identity(value_discretization_interval=self.value_discretization_interval)
 
     def _composed(self, event: GaussianPrivacyEvent, count: int) -> None:
-        from dp_accounting import dp_event
+        # what dp_accounting's PLDAccountant composes for a (Poisson-sampled) Gaussian event, from a cache: the
+        # same release recurs every round (fedpdm_flower.fedapp.privacy.pld.composed_pld)
+        from fedpdm_flower.fedapp.privacy.pld import composed_pld
 
-        gaussian = dp_event.GaussianDpEvent(event.noise_multiplier)
-        if self._config.sampling_method is SamplingMethod.POISSON:
-            one: Any = dp_event.PoissonSampledDpEvent(event.sample_size / event.population_size, gaussian)
-        else:
-            one = gaussian
-        self._backend.compose(one, count)
+        poisson = self._config.sampling_method is SamplingMethod.POISSON
+        q = event.sample_size / event.population_size if poisson else None
+        self._pld = self._pld.compose(composed_pld(event.noise_multiplier, q, count, self.value_discretization_interval))
 
     def _epsilon(self, delta: float) -> float:
-        return float(self._backend.get_epsilon(delta))
+        return float(self._pld.get_epsilon_for_delta(delta))
 
     def _delta(self, epsilon: float) -> float:
-        return float(self._backend.get_delta(epsilon))
+        return float(self._pld.get_delta_for_epsilon(epsilon))
 
 
 class ZcdpAccountant(GaussianAccountant):
