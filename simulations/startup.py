@@ -1,7 +1,9 @@
 """``python -m simulations bench --suite startup``: whole runs at 1,000 and 10,000 SuperNodes, ours vs Flower's FedAvg.
 
 For each configuration it runs ``python -m simulations run --engine flower`` (the command a user types) for Flower's
-own FedAvg (``flwr-fedavg``) and then BSDP-FedPDM, back to back on the local simulation SuperLink, and reports
+own FedAvg (``flwr-fedavg``), then BSDP-FedPDM as the reproduction app runs it (``identify-nodes = "ask"``: a
+``query.whoami`` to every node before round 1) and BSDP-FedPDM with ``identify-nodes = "node-order"`` (no message
+before round 1, as FedAvg), back to back on the local simulation SuperLink, and reports
 
 * the wall time of the whole command (submission, Ray start-up, every round, results), and its ratio;
 * the sum of the rounds' own timers and what lies outside them (start-up and shutdown);
@@ -39,7 +41,12 @@ from typing import Any
 
 __all__ = ["CONFIGS", "main", "partition_cost"]
 
-ALGORITHMS = ("flwr-fedavg", "bsdp-fedpdm")
+#: (label, algorithm, extra run config): Flower's FedAvg first, the baseline of every ratio
+RUNS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("flwr-fedavg", "flwr-fedavg", {}),
+    ("bsdp-fedpdm", "bsdp-fedpdm", {}),
+    ("bsdp-fedpdm node-order", "bsdp-fedpdm", {"identify-nodes": "node-order"}),
+)
 POLL_S = 0.25
 CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("1,000 nodes", {"dataset": "mnist", "num-clients": 1000, "clients-per-round": 100}),
@@ -229,18 +236,21 @@ def main(out: Path, *, rounds: int = 10, configs: tuple[str, ...] | None = None)
             if configs and label not in configs:
                 continue
             runs: dict[str, Any] = {}
-            for algo in ALGORITHMS:
+            for name, algo, extra in RUNS:
                 try:
-                    runs[algo] = run_once(algo, {**over, "num-server-rounds": rounds},
-                                          out / label.split()[0].replace(",", "") / algo, poller)
+                    runs[name] = run_once(algo, {**over, **extra, "num-server-rounds": rounds},
+                                          out / label.split()[0].replace(",", "") / name.replace(" ", "-"), poller)
                 except RuntimeError as err:  # a failed run is a result too: recorded, and the bench goes on
-                    runs[algo] = {"failed": str(err)[:2000]}
-                    print(f"[startup] {label} {algo}: {str(err)[:300]}", flush=True)
-            ours, flower = runs["bsdp-fedpdm"], runs["flwr-fedavg"]
-            ok = "wall_s" in ours and "wall_s" in flower
-            report[label] = {"run config": over, "runs": runs,
-                             "ratio whole run": ours["wall_s"] / flower["wall_s"] if ok else None,
-                             "ratio rounds 2..R": ours["later_rounds_s"] / flower["later_rounds_s"] if ok else None}
+                    runs[name] = {"failed": str(err)[:2000]}
+                    print(f"[startup] {label} {name}: {str(err)[:300]}", flush=True)
+            flower = runs["flwr-fedavg"]
+            ratios: dict[str, Any] = {}
+            for name, ours in runs.items():
+                ok = name != "flwr-fedavg" and "wall_s" in ours and "wall_s" in flower
+                if ok:
+                    ratios[name] = {"whole run": ours["wall_s"] / flower["wall_s"],
+                                    "rounds 2..R": ours["later_rounds_s"] / flower["later_rounds_s"]}
+            report[label] = {"run config": over, "runs": runs, "ratios to flwr-fedavg": ratios}
             (out / "startup.json").write_text(json.dumps(report, indent=1))
     finally:
         poller.stop.set()
@@ -262,9 +272,9 @@ def main(out: Path, *, rounds: int = 10, configs: tuple[str, ...] | None = None)
             md.append(f"| {label} | {algo} | {r['wall_s']:.1f} s | {r['rounds_s']:.1f} s ({r['round1_s']:.1f} s, "
                       f"{r['round1_clients']:.0f} clients) | {r['outside_rounds_s']:.1f} s | {worker:.0f} MB | "
                       f"{server:.0f} MB |")
-        if report[label]["ratio whole run"] is not None:
-            md.append(f"| {label} | ratio | {report[label]['ratio whole run']:.2f}x | rounds 2..R "
-                      f"{report[label]['ratio rounds 2..R']:.2f}x | | | |")
+        for name, ratio in report[label]["ratios to flwr-fedavg"].items():
+            md.append(f"| {label} | {name} / flwr-fedavg | {ratio['whole run']:.2f}x | rounds 2..R "
+                      f"{ratio['rounds 2..R']:.2f}x | | | |")
     md += ["", "| partitioner (node 9,999 of 10,000) | CPU | traced peak |", "|---|---|---|"]
     for scheme, m in report["partition of node 9,999 of 10,000"].items():
         md.append(f"| {scheme} | {m['cpu_s']:.3f} s | {m.get('traced_peak_mb', float('nan')):.1f} MB |")

@@ -123,6 +123,10 @@ class RunConfig:
     samples_per_client: int = field(default=0, metadata=_key("samples-per-client", _nonneg, "0 = all data / N"))
     eval_every: int = field(default=1, metadata=_key("eval-every", lambda v: v >= 1))
     node_wait_s: float = field(default=120.0, metadata=_key("node-wait-s", _positive))
+    # "ask": each node's partition-id by a query before round 1 (client ids = partitions, as the in-process driver);
+    # "node-order": no query, clients numbered in node-id order, as Flower's FedAvg (FederatedStrategy's docstring)
+    identify_nodes: str = field(default="ask", metadata=_key("identify-nodes", _choice("ask", "node-order"),
+                                                             "how the server learns each node's client id"))
     # ---- DP-IADMM family (seed 002: dp-iadmm, objp, objpm, outp); defaults are the paper's MNIST settings
     local_updates: int = field(default=1, metadata=_key("local-updates", lambda v: v >= 1, "E of Alg. 1 (dp-iadmm)"))
     iadmm_epsilon: float = field(default=0.05, metadata=_key("iadmm-epsilon", _positive, "epsilon-bar per local solve"))

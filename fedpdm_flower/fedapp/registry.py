@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 COMMON_KEYS = (
     "algorithm", "dataset", "data-source", "partitioner", "model", "num-clients", "clients-per-round",
     "first-round-all", "num-server-rounds", "seed", "out-dir", "batch-size", "eta0", "max-local-steps", "init-std",
-    "beta", "labels-per-client", "samples-per-client", "dirichlet-alpha", "eval-every", "node-wait-s", "dp",
+    "beta", "labels-per-client", "samples-per-client", "dirichlet-alpha", "eval-every", "node-wait-s", "identify-nodes",
+    "dp",
 )
 DP_KEYS = ("dp-calibration", "dp-sample-rate", "epsilon-total", "delta", "clip-norm", "c0", "privacy-q-power",
            "privacy-horizon")

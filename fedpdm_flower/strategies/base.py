@@ -69,6 +69,8 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 #: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: (reply contents, weighting key) -> aggregate
 MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 WHOAMI = "query.whoami"
+#: how a strategy learns the client id of each node (FederatedStrategy's ``identify_nodes``)
+IDENTIFY_NODES = ("ask", "node-order")
 #: config keys every train message carries (a user's train_config may not use them)
 LAYOUT_KEY, DIM_KEY, ROUND_KEY = "layout-crc", "dim", "server-round"
 #: config key of the run's token: clients that persist their state file it under it (fedpdm_flower/fedapp/client_app.py)
@@ -636,6 +638,15 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         Every node must report a ``partition-id`` in its node config, and the ids must be exactly 0..N-1 (graph
         algorithms index agents by it; the reproduction app maps partitions to clients). Default False: a node
         without one is numbered by the order of the node ids.
+    identify_nodes
+        How the server learns which client each node is, before round 1. ``"ask"`` (default): one ``query.whoami``
+        message to every connected node, answered with its ``partition-id``; client ids are the partition ids, so
+        the seeded client choice equals the in-process driver's run for run, a restarted node takes back its
+        client's place, and a device can refuse a privacy plan before round 1. ``"node-order"``: no message, as
+        Flower's ``FedAvg`` sends none; client ids are the connected nodes in node-id order. It saves one message
+        per node before round 1 (at 1,000 simulated nodes about as much as ten FedAvg rounds, docs/performance.md);
+        the cost is the three guarantees above (devices still enforce their own privacy floors, on the device).
+        Needs ``require_partition_ids=False``.
     node_wait_s
         Longest wait, in seconds, for ``min_available_nodes`` to connect (default None: as long as it takes, as
         Flower does; in a simulation, whose federation cannot grow, 5 s). Every message exchange is bounded by the
@@ -683,6 +694,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         first_round_all: bool = False,
         seed: int | None = None,
         require_partition_ids: bool = False,
+        identify_nodes: str = "ask",
         node_wait_s: float | None = None,
         eval_every: int = 1,
         max_update_norm: float | None = None,
@@ -717,6 +729,11 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
                                 f"{type(fn).__name__}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an integer >= 0 or None, got {seed!r}")
+        if identify_nodes not in IDENTIFY_NODES:
+            raise ValueError(f"identify_nodes must be one of {IDENTIFY_NODES}, got {identify_nodes!r}")
+        if identify_nodes == "node-order" and require_partition_ids:
+            raise ValueError(f"{type(self).__name__} numbers its clients by the nodes' partition ids "
+                             "(require_partition_ids), which only identify_nodes='ask' learns: use identify_nodes='ask'")
         self.fraction_train = float(fraction_train)
         self.min_train_nodes = min_train_nodes
         self.min_available_nodes = min_available_nodes
@@ -724,6 +741,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self.seed = int(seed) if seed is not None else secrets.randbits(32)
         self.seed_was_given = seed is not None
         self.require_partition_ids = bool(require_partition_ids)
+        self.identify_nodes = identify_nodes
         self.node_wait_s = None if node_wait_s is None else float(node_wait_s)
         self.fraction_evaluate = float(fraction_evaluate)
         self.min_evaluate_nodes = 0 if self.fraction_evaluate == 0.0 else min_evaluate_nodes
@@ -796,6 +814,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
             "x": self.x,
             "buffers": dict(self._carried),
             "run_token": self.run_token,
+            "identify_nodes": self.identify_nodes,
             "bookkeeping": self.bookkeeping_state(),
             "algorithm": {name: getattr(self, name) for name in self.CHECKPOINT_ATTRS},
         }
@@ -806,6 +825,10 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         allocates per-client state such as a graph's counters)."""
         if self.resume_unsupported is not None:
             raise ValueError(f"{type(self).__name__} cannot resume from a checkpoint: {self.resume_unsupported}")
+        if "node-order" in (self.identify_nodes, state.get("identify_nodes", "ask")):
+            # the checkpoint's per-client state would go to whichever node sorts there now
+            raise ValueError("a run with identify_nodes='node-order' cannot resume from a checkpoint: its client ids "
+                             "are the node-id order of the run that wrote it; resume with identify_nodes='ask'")
         if state.get("strategy") != type(self).__name__:
             raise ValueError(f"the checkpoint is of strategy {state.get('strategy')!r}, not {type(self).__name__}")
         if int(state["seed"]) != self.seed:
@@ -957,8 +980,14 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self.num_clients = len(ids)
 
     def connect(self, grid: Grid) -> None:
-        """Wait for ``min_available_nodes``, then learn each node's client id (``query.whoami``)."""
+        """Wait for ``min_available_nodes``, then learn each node's client id (``query.whoami``), or number the
+        nodes in node-id order without a message (``identify_nodes="node-order"``)."""
         ids = sorted(wait_for_nodes(grid, self.min_available_nodes, limit_s=self.node_wait_s))
+        if self.identify_nodes == "node-order":
+            self.attach(dict(enumerate(ids)))
+            log(INFO, "%d nodes numbered as clients 0..%d in node-id order (identify_nodes='node-order': no query "
+                "before round 1)", len(ids), len(ids) - 1)
+            return
         msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI) for nid in ids]
         reported: dict[int, tuple[int, int | None]] = {}
         failed: dict[int, str] = {}
@@ -1448,6 +1477,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         Any other new node joins the federation as a new client when the algorithm allows it
         (:attr:`admits_new_nodes`; it gets the next client id, N, whatever its partition-id, and is sampled from this
         round on, as Flower's ``FedAvg`` samples every connected node); otherwise it is logged once and left out.
+        With ``identify_nodes="node-order"`` no node is asked: every new node is such a newcomer.
         """
         online = set(grid.get_node_ids())
         gone = {cid for cid, nid in self.node_of.items() if nid not in online}
@@ -1457,7 +1487,9 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         self._asked.update(strangers)
         msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI)
                 for nid in strangers]
-        for reply in grid.send_and_receive(msgs, timeout=self.timeout):
+        # identify_nodes="node-order" asks no node who it is: a restarted node is a newcomer
+        replies = grid.send_and_receive(msgs, timeout=self.timeout) if self.identify_nodes == "ask" else []
+        for reply in replies:
             nid = reply.metadata.src_node_id
             info = {} if reply.has_error() else dict(reply.content.config_records.get("info", ConfigRecord()))
             pid, parts = info.get("partition-id"), info.get("num-partitions")

@@ -27,7 +27,9 @@ def federation(cfg: RunConfig) -> dict[str, Any]:
     return {
         "fraction_train": cfg.clients_per_round / cfg.num_clients, "min_train_nodes": cfg.clients_per_round,
         "min_available_nodes": cfg.num_clients, "first_round_all": cfg.first_round_all, "seed": cfg.seed,
-        "require_partition_ids": True, "node_wait_s": cfg.node_wait_s, "eval_every": cfg.eval_every,
+        # partition ids are required when they are asked for; "node-order" numbers the nodes instead
+        "require_partition_ids": cfg.identify_nodes == "ask", "identify_nodes": cfg.identify_nodes,
+        "node_wait_s": cfg.node_wait_s, "eval_every": cfg.eval_every,
     }
 
 

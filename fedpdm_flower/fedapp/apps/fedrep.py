@@ -141,6 +141,7 @@ def fedrep_strategy(cfg: RunConfig) -> FedREP:
     m = cfg.num_clients
     common: dict[str, Any] = {
         "min_available_nodes": m, "min_train_nodes": m, "seed": cfg.seed, "require_partition_ids": True,
+        "identify_nodes": cfg.identify_nodes,  # anything but "ask" is refused: FedREP's buffers need partition ids
         "node_wait_s": cfg.node_wait_s, "eval_every": cfg.eval_every, "sparse_downlink": cfg.sparse_downlink,
         "clients_hold_initial": True, **local_algorithm(cfg),
         # the run config's seed repeats the whole run, buffers included (logged as weaker): figures, driver equality

@@ -80,6 +80,7 @@ def eta_of(cfg: RunConfig) -> EtaSchedule:
 def agents(cfg: RunConfig) -> dict[str, Any]:
     """The federation: num-clients agents with partition ids 0..N-1, all of them every round, and I."""
     return {"min_available_nodes": cfg.num_clients, "seed": cfg.seed, "require_partition_ids": True,
+            "identify_nodes": cfg.identify_nodes,  # anything but "ask" is refused: I_p comes with the whoami reply
             "node_wait_s": cfg.node_wait_s, "eval_every": cfg.eval_every,
             "total_samples": cfg.total_samples or total_train_samples(cfg)}
 
