@@ -46,6 +46,9 @@ RUNS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("flwr-fedavg", "flwr-fedavg", {}),
     ("bsdp-fedpdm", "bsdp-fedpdm", {}),
     ("bsdp-fedpdm node-order", "bsdp-fedpdm", {"identify-nodes": "node-order"}),
+    # FedAvg's work in round 1 too: 100 sampled clients instead of Alg. 1's S_0 = [N] (where the config keeps it)
+    ("bsdp-fedpdm node-order, round 1 sampled", "bsdp-fedpdm", {"identify-nodes": "node-order",
+                                                                "first-round-all": False}),
 )
 POLL_S = 0.25
 CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -236,10 +239,14 @@ def main(out: Path, *, rounds: int = 10, configs: tuple[str, ...] | None = None)
             if configs and label not in configs:
                 continue
             runs: dict[str, Any] = {}
+            done: list[tuple[str, dict[str, Any]]] = []
             for name, algo, extra in RUNS:
+                if (algo, {**over, **extra}) in done:  # the configuration already says it (10,000 nodes)
+                    continue
+                done.append((algo, {**over, **extra}))
                 try:
                     runs[name] = run_once(algo, {**over, **extra, "num-server-rounds": rounds},
-                                          out / label.split()[0].replace(",", "") / name.replace(" ", "-"), poller)
+                                          out / label.split()[0].replace(",", "") / name.replace(", ", "-").replace(" ", "-"), poller)
                 except RuntimeError as err:  # a failed run is a result too: recorded, and the bench goes on
                     runs[name] = {"failed": str(err)[:2000]}
                     print(f"[startup] {label} {name}: {str(err)[:300]}", flush=True)
