@@ -8,6 +8,7 @@ real noise it still learns, and the Skellam accountant stops at its target.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -56,13 +57,16 @@ def run(strategy: Any, app: Any, rounds: int) -> Any:
                                num_rounds=rounds).arrays)
 
 
-def test_secure_buffers_with_distributed_noise_carry_fedpdms_mean_exactly() -> None:
+def test_secure_buffers_with_distributed_noise_carry_fedpdms_mean_exactly(caplog: pytest.LogCaptureFixture) -> None:
     plain = run(fedpdm(2), FedPDMClient.client_app(client_fn), 2)
     mod = secure_buffers_mod(identity=lambda ctx: IDS[int(ctx.node_config["partition-id"])], trust_store=TRUST,
                              distributed_dp=DeviceSkellam(min_noise_multiplier=0.0))
     loose = DistributedDP(fedpdm(2), epsilon=8.0, num_rounds=2, clip_norm=100.0, buffer_size=4,
                           noise_multiplier=0.0)  # no noise, a clip that never bites: only the ring's rounding
-    composed = run(loose, FedPDMClient.client_app(client_fn, mods=[mod]), 2)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        composed = run(loose, FedPDMClient.client_app(client_fn, mods=[mod]), 2)
+    # FedPDM gets one reply per buffer (its mean): the other members are not reported as silent
+    assert not [r for r in caplog.records if "did not reply" in r.getMessage() or "no train reply" in r.getMessage()]
     assert np.linalg.norm(plain - np.zeros(D)) > 1.0  # it moved
     np.testing.assert_allclose(composed, plain, atol=1e-3)  # two buffer means of 4 = the mean of 8, to the ring's step
 
@@ -72,8 +76,9 @@ def test_it_learns_under_real_noise_and_the_skellam_accountant_keeps_its_target(
                              distributed_dp=DeviceSkellam(min_noise_multiplier=0.01))
     s = DistributedDP(fedpdm(5), epsilon=50.0, num_rounds=5, clip_norm=5.0, buffer_size=4)
     x = run(s, FedPDMClient.client_app(client_fn, mods=[mod]), 5)
-    # from x = 0 (relative error 1): measured 0.44-0.71 in 5 runs (the devices' noise and the buffers are unseeded)
-    assert np.linalg.norm(x - W) < 0.85 * np.linalg.norm(W)
+    # from x = 0 (relative error 1): measured 0.52-0.89 in 50 runs, median 0.65 (the devices' noise and the buffers
+    # are unseeded); 0.85 failed about 1 run in 30, so the bound sits above the tail
+    assert np.linalg.norm(x - W) < 0.95 * np.linalg.norm(W)
     spent = s.privacy_spent()
     assert spent.accounting_method == "skellam-rdp" and spent.num_releases == 5
     assert spent.epsilon == pytest.approx(50.0, rel=1e-3) and spent.epsilon <= 50.0

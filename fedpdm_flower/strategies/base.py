@@ -1234,7 +1234,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         metrics = {cid: m for cid, m in metrics.items() if cid in updates}
         self._acc["train_replies"] = {cid: (self.node_of.get(cid, cid), c) for cid, c in contents.items()
                                       if cid in updates}
-        missing = self._acc["sent"] - len(replies)
+        missing = self._acc.get("expected", self._acc["sent"]) - len(replies)
         if missing > 0:
             log(WARNING, "round %d: %d sampled client(s) did not reply", server_round, missing)
         self.check_round_accepted(server_round, len(updates), self._acc["sent"], max(missing, 0))
@@ -1459,6 +1459,14 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if silent and len(items) < len(sent):
             log(WARNING, "round %d: no %s reply from %s", server_round, exchange, self.describe_nodes(silent))
         return items
+
+    def expect_replies_from(self, server_round: int, nodes: Iterable[int]) -> None:
+        """This round's replies come from ``nodes`` only: a transport wrapper (SecureBuffers, DistributedDP) hands
+        over one reply per buffer, the buffer's mean in its first survivor's reply, so the other members are not
+        silent and must not be logged or counted as such."""
+        keep = set(nodes)
+        self._train_msgs = [m for m in self._train_msgs if m.metadata.dst_node_id in keep]
+        self._acc["expected"] = len(self._train_msgs)  # "sent" stays the number of train messages sent
 
     def describe_nodes(self, nodes: Iterable[int]) -> str:
         """``node 123 (client 1), node 456 (client 2)``: node ids with the client (partition) ids they serve."""

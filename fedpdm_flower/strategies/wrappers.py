@@ -899,6 +899,12 @@ class SecureBuffers(StrategyWrapper):
         self._round_stats.update({"secure.buffers": float(len(decoded)),
                                   "secure.buffers_discarded": float(len(plan.discarded) + len(failed)),
                                   "secure.dropped": float(plan.dropped), "secure.clipped_coordinates": clipped})
+        core = self.inner
+        while isinstance(getattr(core, "inner", None), Strategy):  # the strategy under any other wrapper
+            core = core.inner
+        expect = getattr(core, "expect_replies_from", None)
+        if callable(expect):  # one reply per buffer: our strategies must not count the other members as silent
+            expect(server_round, [r.metadata.src_node_id for r in decoded])
         arrays, metrics = super().aggregate_train(server_round, decoded)
         if not self.weighted_model and decoded:  # the model mean is unweighted; the metrics stay FedAvg's
             metrics = aggregate_metric_replies([_reweighted(r.content, self.weight_key) for r in decoded
