@@ -899,7 +899,7 @@ class SecureBuffers(StrategyWrapper):
         self._round_stats.update({"secure.buffers": float(len(decoded)),
                                   "secure.buffers_discarded": float(len(plan.discarded) + len(failed)),
                                   "secure.dropped": float(plan.dropped), "secure.clipped_coordinates": clipped})
-        core = self.inner
+        core: Any = self.inner
         while isinstance(getattr(core, "inner", None), Strategy):  # the strategy under any other wrapper
             core = core.inner
         expect = getattr(core, "expect_replies_from", None)
