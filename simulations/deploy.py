@@ -545,11 +545,17 @@ class LocalSimulation:
     _daemons: list[_Daemon] = field(default_factory=list, repr=False)
 
 
+#: flower-superlink, with the patience for a run's heartbeats raised from Flower's 2 intervals (60 s) to N
+_PATIENT_SUPERLINK = ("import sys; import flwr.common.constant as c; c.HEARTBEAT_PATIENCE = {patience}; "
+                      "from flwr.superlink.cli import flower_superlink; sys.argv[0] = 'flower-superlink'; "
+                      "sys.exit(flower_superlink())")
+
+
 @contextlib.contextmanager
 def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup_timeout: float = 30.0,
                      stop_timeout: float = 10.0, bin_dir: Path | None = None,
                      cwd: Path | None = None, ray_head: bool = False,
-                     ray_cpus: int | None = None) -> Iterator[LocalSimulation]:
+                     ray_cpus: int | None = None, heartbeat_patience: int | None = None) -> Iterator[LocalSimulation]:
     """Start a simulation SuperLink on free loopback ports and register it as a CLI connection.
 
     Unlike ``flwr run``'s shared local daemon, its ServerApp and ClientApps import this checkout's packages
@@ -570,6 +576,11 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
     such SuperLink share the cluster's CPUs, so they should run one at a time (as one test process does).
     ``ray_cpus`` is the logical CPUs that cluster offers (default: all of the machine's); with Flower's default of
     one CPU per ClientApp it is the number of ClientApp actors a run gets.
+
+    ``heartbeat_patience`` (default None: Flower's 2) is how many of Flower's 30-s heartbeat intervals the SuperLink
+    waits for a run's heartbeat before it fails the run ("No heartbeat received from the task"). The test suite
+    raises it: two test processes on two cores can starve a run's process of CPU for the 40 s that Flower's
+    patience leaves between heartbeats, and then a healthy run fails. Nothing else about the SuperLink changes.
     """
     flwr_home = flwr_home.resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -591,8 +602,11 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
             ray_temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
             env["RAY_ADDRESS"] = _start_ray_head(sim._daemons, env, logs, ray_temp, startup_timeout, cwd or ROOT,
                                                  ray_cpus or os.cpu_count() or 1)
+        python = str(bin_dir / "python") if bin_dir is not None else sys.executable
+        superlink = (["flower-superlink"] if heartbeat_patience is None else
+                     [python, "-c", _PATIENT_SUPERLINK.format(patience=int(heartbeat_patience))])
         sim._daemons.append(_spawn("superlink", [
-            "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+            *superlink, "--insecure", "--simulation", "--isolation", "subprocess",
             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
             "--control-api-address", f"127.0.0.1:{control}",
         ], {**env, "PYTHONUNBUFFERED": "1"}, logs / "superlink.log", cwd=cwd or ROOT))

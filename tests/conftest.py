@@ -55,6 +55,12 @@ def _forget_cached_clients() -> Iterator[None]:
         client_app._CLIENTS.clear()
 
 
+#: the test SuperLinks wait 6 heartbeat intervals (180 s) for a run's heartbeat, not Flower's 2 (60 s): with two
+#: test processes on two cores a healthy run's process was once starved past 60 s and failed ("No heartbeat received
+#: from the task", tests/test_examples.py, 2026-11-27). A run that really dies still fails, 2 minutes later.
+HEARTBEAT_PATIENCE = 6
+
+
 def _ray_cpus() -> int:
     """Logical CPUs of each test process's Ray cluster: this machine's cores shared among the xdist workers (1 on 2
     cores and 2 workers), so one run gets that many ClientApp actors. The suite keeps every core busy with two test
@@ -75,7 +81,8 @@ def flower_simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loca
     Ray cluster started with it (``ray_head``) instead of starting one each: a test process runs one at a time."""
     from simulations.deploy import local_simulation
 
-    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home"), ray_head=True, ray_cpus=_ray_cpus()) as sim:
+    with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home"), ray_head=True, ray_cpus=_ray_cpus(),
+                          heartbeat_patience=HEARTBEAT_PATIENCE) as sim:
         yield sim
 
 
@@ -124,7 +131,8 @@ def installed_simulation(installed_env: InstalledEnv, tmp_path_factory: pytest.T
 
     work = tmp_path_factory.mktemp("installed-superlink")
     with local_simulation(flwr_home=work / "flwr-home", pythonpath=None, bin_dir=installed_env.bin_dir,
-                          cwd=work, ray_head=True, ray_cpus=_ray_cpus()) as sim:  # Ray runs the installed env's Python
+                          cwd=work, ray_head=True, ray_cpus=_ray_cpus(),  # Ray runs the installed env's Python
+                          heartbeat_patience=HEARTBEAT_PATIENCE) as sim:
         yield sim
 
 
