@@ -1494,10 +1494,10 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if not strangers:
             return
         self._asked.update(strangers)
-        msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=WHOAMI)
-                for nid in strangers]
-        # identify_nodes="node-order" asks no node who it is: a restarted node is a newcomer
-        replies = grid.send_and_receive(msgs, timeout=self.timeout) if self.identify_nodes == "ask" else []
+        replies: Iterable[Message] = []  # identify_nodes="node-order" asks no node who it is: all are newcomers
+        if self.identify_nodes == "ask":
+            replies = grid.send_and_receive([Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid,
+                                                     message_type=WHOAMI) for nid in strangers], timeout=self.timeout)
         for reply in replies:
             nid = reply.metadata.src_node_id
             info = {} if reply.has_error() else dict(reply.content.config_records.get("info", ConfigRecord()))
