@@ -545,10 +545,28 @@ class LocalSimulation:
     _daemons: list[_Daemon] = field(default_factory=list, repr=False)
 
 
-#: flower-superlink, with the patience for a run's heartbeats raised from Flower's 2 intervals (60 s) to N
-_PATIENT_SUPERLINK = ("import sys; import flwr.common.constant as c; c.HEARTBEAT_PATIENCE = {patience}; "
-                      "from flwr.superlink.cli import flower_superlink; sys.argv[0] = 'flower-superlink'; "
-                      "sys.exit(flower_superlink())")
+#: flower-superexec whose simulation processes print to its output (the SuperLink's log) instead of /dev/null:
+#: Flower's AutoExecPlugin hides them, so a simulation process that dies leaves no trace but the SuperLink's
+#: "No heartbeat received from the task" minutes later.
+_VISIBLE_SUPEREXEC = ("import sys; from flwr.supercore.superexec.plugin import base_exec_plugin as b; "
+                      "from flwr.supercore.constant import TaskType; "
+                      "b.AutoExecPlugin.visible_output_task_types = frozenset(TaskType); "
+                      "from flwr.supercore.cli import flower_superexec; sys.argv[0] = 'flower-superexec'; "
+                      "sys.exit(flower_superexec())")
+
+#: flower-superlink for tests: the patience for a run's heartbeats raised from Flower's 2 intervals (60 s) to N,
+#: and a SuperExec that keeps the simulation processes' output (``_VISIBLE_SUPEREXEC``)
+_TEST_SUPERLINK = """\
+import sys
+import flwr.common.constant as c
+c.HEARTBEAT_PATIENCE = {patience}
+import flwr.superlink.cli.flower_superlink
+s = sys.modules["flwr.superlink.cli.flower_superlink"]  # the package exports a function of the same name
+_superexec = s._get_superexec_command
+s._get_superexec_command = lambda *a, **k: [sys.executable, "-c", {superexec!r}, *_superexec(*a, **k)[1:]]
+sys.argv[0] = "flower-superlink"
+sys.exit(s.flower_superlink())
+"""
 
 
 @contextlib.contextmanager
@@ -577,10 +595,11 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
     ``ray_cpus`` is the logical CPUs that cluster offers (default: all of the machine's); with Flower's default of
     one CPU per ClientApp it is the number of ClientApp actors a run gets.
 
-    ``heartbeat_patience`` (default None: Flower's 2) is how many of Flower's 30-s heartbeat intervals the SuperLink
-    waits for a run's heartbeat before it fails the run ("No heartbeat received from the task"). The test suite
-    raises it: two test processes on two cores can starve a run's process of CPU for the 40 s that Flower's
-    patience leaves between heartbeats, and then a healthy run fails. Nothing else about the SuperLink changes.
+    ``heartbeat_patience`` (default None: Flower's own ``flower-superlink``, patience 2) is how many of Flower's
+    30-s heartbeat intervals the SuperLink waits for a run's heartbeat before it fails the run ("No heartbeat
+    received from the task"). The test suite raises it (tests/conftest.py says why). Given, the SuperLink also
+    keeps its simulation processes' output in its log (``superlink.log`` in ``log_dir``), which Flower sends to
+    /dev/null: the only trace of a simulation process that dies before it uploads its first log lines.
     """
     flwr_home = flwr_home.resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -604,7 +623,8 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
                                                  ray_cpus or os.cpu_count() or 1)
         python = str(bin_dir / "python") if bin_dir is not None else sys.executable
         superlink = (["flower-superlink"] if heartbeat_patience is None else
-                     [python, "-c", _PATIENT_SUPERLINK.format(patience=int(heartbeat_patience))])
+                     [python, "-c", _TEST_SUPERLINK.format(patience=int(heartbeat_patience),
+                                                           superexec=_VISIBLE_SUPEREXEC)])
         sim._daemons.append(_spawn("superlink", [
             *superlink, "--insecure", "--simulation", "--isolation", "subprocess",
             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),

@@ -162,6 +162,23 @@ def _flwr_here(args: list[str], env: dict[str, str], timeout: float | None = Non
     return str(result.stdout) + raw.getvalue()
 
 
+def _tail(text: str, lines: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _diagnostics(logs: str, env: dict[str, str], connection: str | None) -> str:
+    """What a failed run leaves for whoever reads the error: the end of its own log and, for a SuperLink started by
+    ``simulations.deploy`` (its log is FLWR_HOME/logs/<connection>/superlink.log), the end of the SuperLink's log,
+    which holds the simulation processes' own output where ``local_simulation`` keeps it (a process that died
+    before its first log upload leaves nothing else)."""
+    parts = [f"\n--- the run's log (last 40 lines) ---\n{_tail(logs, 40)}"]
+    superlink_log = Path(env.get("FLWR_HOME", "")) / "logs" / str(connection) / "superlink.log"
+    if connection and superlink_log.is_file():
+        text = superlink_log.read_text(errors="replace")
+        parts.append(f"\n--- {superlink_log} (last 60 lines) ---\n{_tail(text, 60)}")
+    return "".join(parts)
+
+
 def run_status(run_id: int, *, connection: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The run's record from `flwr list --run-id` (``status``, ``status-details``, ``network-traffic``, ...)."""
     out = _flwr_here(["list"] + ([connection] if connection else []) + ["--run-id", str(run_id), "--format", "json"],
@@ -200,7 +217,8 @@ def run_flower(
     result = FlowerRun(run_id=run_id, status=status, details=run, results=out_dir / (results_name or "results.json"),
                        log=logs)
     if not status.startswith("finished:completed"):
-        raise FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}", result)
+        raise FlowerRunError(f"run {run_id} ended with status {status!r}: {run.get('status-details', '')}"
+                             + _diagnostics(logs, env, connection), result)
     if results_name and not result.results.exists():
         raise FlowerRunError(f"run {run_id} completed but wrote no {result.results}")
     return result
