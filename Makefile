@@ -20,6 +20,9 @@ export OMP_NUM_THREADS ?= 1
 export OPENBLAS_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Python's own default, bytecode caches, even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1):
+# without them every test process rewrites the asserts of all test modules again, about 8 s of each one's start-up
+unexport PYTHONDONTWRITEBYTECODE
 
 PYTEST_WORKERS ?= 2
 

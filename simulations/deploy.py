@@ -617,9 +617,9 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
     sim = LocalSimulation(connection=connection, env=env, log_dir=logs)
     ray_temp: Path | None = None
     try:
-        if ray_head:
+        if ray_head:  # started first, waited for after the SuperLink has been started: they start side by side
             ray_temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-            env["RAY_ADDRESS"] = _start_ray_head(sim._daemons, env, logs, ray_temp, startup_timeout, cwd or ROOT,
+            env["RAY_ADDRESS"] = _spawn_ray_head(sim._daemons, env, logs, ray_temp, cwd or ROOT,
                                                  ray_cpus or os.cpu_count() or 1)
         python = str(bin_dir / "python") if bin_dir is not None else sys.executable
         superlink = (["flower-superlink"] if heartbeat_patience is None else
@@ -633,6 +633,8 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
         cfg = flwr_home / "config.toml"
         text = cfg.read_text() if cfg.exists() else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
         cfg.write_text(text + f'\n[superlink.{connection}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+        if ray_temp is not None:
+            _wait_ray_head(sim._daemons, ray_temp, startup_timeout)
         deadline = time.monotonic() + startup_timeout
         while True:
             _check_started(sim._daemons)
@@ -652,21 +654,25 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
             shutil.rmtree(ray_temp, ignore_errors=True)
 
 
-def _start_ray_head(daemons: list[_Daemon], env: dict[str, str], logs: Path, temp: Path, timeout: float,
-                    cwd: Path, cpus: int) -> str:
+def _spawn_ray_head(daemons: list[_Daemon], env: dict[str, str], logs: Path, temp: Path, cwd: Path,
+                    cpus: int) -> str:
     """Start ``ray start --head --block`` (appended to ``daemons``, so it is stopped with them); return its address.
+    ``_wait_ray_head`` waits until it is up.
 
     ``temp`` is its temporary directory: a short new one under /tmp, not Ray's default /tmp/ray, because a process
     that calls ``ray.init()`` without ``RAY_ADDRESS`` joins the latest cluster it finds in /tmp/ray, and Ray's Unix
     socket paths under it must stay within the OS's 107 characters.
     """
     (port,) = free_ports(1)
-    head = _spawn("ray-head", [
+    daemons.append(_spawn("ray-head", [
         "ray", "start", "--head", "--block", "--port", str(port), "--node-ip-address", "127.0.0.1",
         "--temp-dir", str(temp), "--num-cpus", str(cpus), "--include-dashboard", "false",
         "--disable-usage-stats",
-    ], env, logs / "ray-head.log", cwd=cwd)
-    daemons.append(head)
+    ], env, logs / "ray-head.log", cwd=cwd))
+    return f"127.0.0.1:{port}"
+
+
+def _wait_ray_head(daemons: list[_Daemon], temp: Path, timeout: float) -> None:
     limit = max(timeout, 60.0)  # Ray's own start-up takes 6-9 s on an idle 2-core machine
     deadline = time.monotonic() + limit
     while not (temp / "ray_current_cluster").exists():  # written once the head's GCS and raylet are up
@@ -674,7 +680,6 @@ def _start_ray_head(daemons: list[_Daemon], env: dict[str, str], logs: Path, tem
         if time.monotonic() > deadline:
             raise DeploymentError(f"the Ray head did not start within {limit:.0f} s\n{_tails(daemons)}")
         time.sleep(0.3)
-    return f"127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------------------------------------------- command line

@@ -140,8 +140,19 @@ def installed_simulation(installed_env: InstalledEnv, tmp_path_factory: pytest.T
         yield sim
 
 
+#: the tests that run the installed environment go to one xdist worker (one group): only that process builds
+#: ``installed_simulation`` (a SuperLink and a Ray cluster: about 8 s of start-up on an idle machine and a few
+#: percent of a core while they idle), and the other never waits for ``installed_env`` to be built. xdist hands
+#: out the largest groups first, so these 15 long runs start at once and the short tests fill in around them.
+INSTALLED_GROUP = "installed"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "installed_simulation" in fixtures or "installed_env" in fixtures:
+            item.add_marker(pytest.mark.xdist_group(INSTALLED_GROUP))
         # Flower tests run the checkout on the session's SuperLink, except those that run an installed environment
         if (item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames")
                 and "installed_simulation" not in item.fixturenames):

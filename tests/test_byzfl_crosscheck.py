@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import byzfl
 import numpy as np
 import pytest
 from numpy.typing import NDArray
@@ -34,6 +33,15 @@ from fedpdm_flower.fedapp.robust import (
 N, F, D = 13, 4, 37
 
 
+@pytest.fixture(scope="module")
+def byzfl() -> Any:
+    """ByzFL, imported when a test here runs, not when the suite is collected: its package imports its benchmark
+    (torchvision's models, seaborn, matplotlib), about 3 s of every test process's start-up."""
+    import byzfl as module
+
+    return module
+
+
 def rows(seed: int) -> NDArray[np.float64]:
     rng = np.random.default_rng(seed)
     honest = rng.normal(size=(N - F, D))
@@ -46,19 +54,19 @@ SEEDS = range(5)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_coordinate_median(seed: int) -> None:
+def test_coordinate_median(seed: int, byzfl: Any) -> None:
     x = rows(seed)
     np.testing.assert_allclose(CoordinateMedian()(x), byzfl.Median()(x), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_trimmed_mean(seed: int) -> None:
+def test_trimmed_mean(seed: int, byzfl: Any) -> None:
     x = rows(seed)
     np.testing.assert_allclose(TrimmedMean(F / N)(x), byzfl.TrMean(f=F)(x), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_geometric_median_from_zero(seed: int) -> None:
+def test_geometric_median_from_zero(seed: int, byzfl: Any) -> None:
     x = rows(seed)
     ours = GeometricMedian(iters=3, nu=0.1, init="zeros")(x)
     np.testing.assert_allclose(ours, byzfl.GeometricMedian(nu=0.1, T=3)(x), rtol=1e-12, atol=1e-12)
@@ -68,7 +76,7 @@ def test_geometric_median_from_zero(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_krum_counts_one_more_neighbour_in_byzfl(seed: int) -> None:
+def test_krum_counts_one_more_neighbour_in_byzfl(seed: int, byzfl: Any) -> None:
     x = rows(seed)
     np.testing.assert_array_equal(Krum(F - 1)(x), byzfl.Krum(f=F)(x))
     np.testing.assert_allclose(Krum(F - 1, m=N - F)(x), byzfl.MultiKrum(f=F)(x), rtol=0, atol=1e-12)
@@ -77,14 +85,14 @@ def test_krum_counts_one_more_neighbour_in_byzfl(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_centered_clipping_from_zero(seed: int) -> None:
+def test_centered_clipping_from_zero(seed: int, byzfl: Any) -> None:
     x = rows(seed)
     ours = CenteredClipping(tau=2.0, iters=3)(x)
     np.testing.assert_allclose(ours, byzfl.CenteredClipping(L=3, tau=2.0)(x), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_nearest_neighbour_mixing(seed: int) -> None:
+def test_nearest_neighbour_mixing(seed: int, byzfl: Any) -> None:
     x = rows(seed)
     np.testing.assert_allclose(NearestNeighborMixing(F)(x), byzfl.NNM(f=F)(x), rtol=0, atol=1e-12)
 
@@ -101,7 +109,7 @@ class _Fixed:
 
 
 @pytest.mark.parametrize(("seed", "size"), [(0, 2), (1, 3), (2, 4), (3, 13)])
-def test_bucketing_with_the_same_permutation(seed: int, size: int) -> None:
+def test_bucketing_with_the_same_permutation(seed: int, size: int, byzfl: Any) -> None:
     x = rows(seed)
     np.random.seed(seed)
     perm = np.random.permutation(N)
