@@ -92,6 +92,7 @@ from fedpdm_flower.fedapp.layout import FloatArray
 from fedpdm_flower.fedapp.localdata import ArrayData, TorchData
 from fedpdm_flower.fedapp.sampling import STREAM_CLIENT, rng_for
 from fedpdm_flower.fedapp.secagg import S_PHASE, S_RECORD, S_ROUND, S_RUN
+from fedpdm_flower.fedapp.wire import numpy_list
 
 if TYPE_CHECKING:
     from fedpdm_flower.fedapp.attacks import ClientAttack
@@ -160,7 +161,7 @@ class LocalMomentumClient(FedClient):
 
     def _load(self, name: str, dtype: Any) -> NDArray[Any] | None:
         rec = self.state.array_records.get(name)
-        return None if rec is None else np.asarray(rec.to_numpy_ndarrays()[0], dtype=dtype)
+        return None if rec is None else np.asarray(numpy_list(rec)[0], dtype=dtype)
 
     def _save(self, name: str, value: NDArray[Any] | None) -> None:
         if value is None:
@@ -484,7 +485,7 @@ class FedREPClient(LocalMomentumClient):
         st, g = self._pending(t)
         key = "arrays" if "arrays" in content.array_records else next(
             (k for k in content.array_records if k != S_RECORD), None)
-        parameters = content.array_records[key].to_numpy_ndarrays() if key is not None else []
+        parameters = numpy_list(content.array_records[key]) if key is not None else []
         payload, u_next = self._consensus_payload(parameters, g)
         record = mask_reply(self.state, request, payload, self.rng(t, STREAM_QUANT))
         self._save("u", u_next)

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
 from fedpdm_flower.clients.base import FedClient, MessageConfig, _pick
@@ -81,6 +81,7 @@ from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray
 from fedpdm_flower.fedapp.models.multinomial import MultinomialLogistic
 from fedpdm_flower.fedapp.privacy.dpsgd import DPSGDLedger, DPSGDMechanism, DPSGDStep, device_rng
 from fedpdm_flower.fedapp.privacy.laplace import compose_laplace
+from fedpdm_flower.fedapp.wire import named_record, to_numpy
 
 __all__ = ["IADMMClient", "OutPClient"]
 
@@ -488,7 +489,7 @@ class IADMMClient(FedClient):
         key = _pick(content.array_records, "arrays")
         if key is None:
             raise ValueError("the train message carries no model arrays")
-        named = {k: v.numpy() for k, v in content.array_records[key].items()}
+        named = {k: to_numpy(v) for k, v in content.array_records[key].items()}
         layout = ArrayLayout.of(named)
         if layout.dim != self.model.dim:
             raise ValueError(f"received {layout.dim} parameters, this client's model has {self.model.dim}")
@@ -501,7 +502,7 @@ class IADMMClient(FedClient):
         lam = dual_update(lam, w, res.z_avg, rho)  # line 23, with the agent's exact z (no replica to match)
         upload = consensus_term(res.z_avg, lam, rho_next)  # its term of the next (4a)
         self.save_state(lam, res.z_last, meta)
-        reply = ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in layout.unflatten(upload, named).items()})
+        reply = named_record(layout.unflatten(upload, named))
         return RecordDict({key: reply, "metrics": MetricRecord({
             **{k: v for k, v in metrics.items() if isinstance(v, int | float)}, WEIGHT_KEY: 1.0,
             "num-examples": self.num_examples, "round": t})})

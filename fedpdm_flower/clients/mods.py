@@ -51,6 +51,7 @@ from fedpdm_flower.fedapp.secagg import (
     S_THRESHOLD,
     S_WEIGHT_KEY,
 )
+from fedpdm_flower.fedapp.wire import numpy_list
 
 __all__ = ["compress_mod", "secure_buffers_mod"]
 
@@ -172,7 +173,7 @@ def _uplink(reply: Message, layout: ArrayLayout, reference: Any, codec: Any, sta
     layout.check(model, what="the ClientApp's reply")
     update = layout.flatten(model) - reference
     memory = state.array_records.get(MEMORY)
-    e = memory.to_numpy_ndarrays()[0] if memory is not None and error_feedback else None
+    e = numpy_list(memory)[0] if memory is not None and error_feedback else None
     v = update + e if e is not None and e.shape == update.shape else update
     code = codec.encode(v, rng)
     if error_feedback:

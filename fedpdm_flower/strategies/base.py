@@ -62,7 +62,14 @@ from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.layout import ArrayLayout, FloatArray, LayoutMismatch, norm_buffer_names
 from fedpdm_flower.fedapp.results import RoundRecord
 from fedpdm_flower.fedapp.sampling import STREAM_EVALUATE, rng_for, select_clients
-from fedpdm_flower.fedapp.wire import BUFFERS_KEY, named_record, recorddict_nbytes, train_content
+from fedpdm_flower.fedapp.wire import (
+    BUFFERS_KEY,
+    named_record,
+    numpy_list,
+    recorddict_nbytes,
+    to_numpy,
+    train_content,
+)
 
 Scalar = int | float | str | bool
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -183,7 +190,7 @@ def client_error_text(reason: str) -> str:
 
 def arrays_of(record: ArrayRecord) -> dict[str, NDArray[Any]]:
     """The named numpy arrays of an ArrayRecord, in its order."""
-    return {k: v.numpy() for k, v in record.items()}
+    return {k: to_numpy(v) for k, v in record.items()}
 
 
 def record_of(arrays: Mapping[str, NDArray[Any]]) -> ArrayRecord:
@@ -1155,7 +1162,7 @@ class FederatedStrategy(RoundBookkeeping, Strategy):
         if self.arrayrecord_key not in content.array_records or "metrics" not in content.metric_records:
             raise MalformedPayload(f"reply must carry an ArrayRecord {self.arrayrecord_key!r} and a MetricRecord "
                                    "'metrics'")
-        arrays = content.array_records[self.arrayrecord_key].to_numpy_ndarrays()
+        arrays = numpy_list(content.array_records[self.arrayrecord_key])
         return arrays, self.validate_metrics(content)
 
     @staticmethod

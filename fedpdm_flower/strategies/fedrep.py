@@ -66,7 +66,7 @@ from fedpdm_flower.fedapp.compression.codec import MalformedPayload
 from fedpdm_flower.fedapp.compression.conspar import ConSpar
 from fedpdm_flower.fedapp.layout import FloatArray
 from fedpdm_flower.fedapp.robust import CenteredClipping, Mean
-from fedpdm_flower.fedapp.wire import train_content
+from fedpdm_flower.fedapp.wire import numpy_list, train_content
 from fedpdm_flower.strategies.base import ROUND_KEY, FederatedStrategy, Scalar, client_error_text
 from fedpdm_flower.strategies.secure import BufferSecAgg, UnmaskPlan
 
@@ -356,7 +356,7 @@ class FedREP(FederatedStrategy):
         """The sanitized proposal of one reply, and the reply's arrays."""
         if self.arrayrecord_key not in content.array_records:
             raise MalformedPayload(f"propose reply must carry an ArrayRecord {self.arrayrecord_key!r}")
-        arrays = content.array_records[self.arrayrecord_key].to_numpy_ndarrays()
+        arrays = numpy_list(content.array_records[self.arrayrecord_key])
         if len(arrays) != self.proposal_arrays:
             raise MalformedPayload(f"propose reply has {len(arrays)} arrays, expected {self.proposal_arrays}")
         raw = arrays[0]
