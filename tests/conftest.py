@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,11 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 # every 0.2 s instead of Flower's default 1 s (allowed: 0.01-60): each run, and on a deployment each message
 # exchange, starts half a second sooner on average. It changes when work starts, never what it does.
 os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
+# The suite's noise calibrations (fedpdm_flower/fedapp/privacy/calibration_cache.py) go to one file of this test
+# run, shared by its workers and every Flower process they start, not to the user's ~/.cache; removed at the end.
+_CALIBRATIONS = os.path.join(tempfile.gettempdir(), "fedpdm-test-calibrations-"
+                             f"{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}.json")
+_OWN_CALIBRATIONS = os.environ.setdefault("FEDPDM_CALIBRATION_CACHE", _CALIBRATIONS) == _CALIBRATIONS
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,6 +43,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a long real-process test (a minute or more, e.g. a killed and resumed "
                                        "simulation); left out of `make test`, run by `make test-slow` (CI runs it)")
     config.addinivalue_line("markers", "install: builds the wheel and installs it into a fresh virtual environment")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_CALIBRATIONS:  # a worker that ends first takes the file with it: the other one only searches again
+        with contextlib.suppress(OSError):
+            os.unlink(_CALIBRATIONS)
 
 
 @pytest.fixture(autouse=True)

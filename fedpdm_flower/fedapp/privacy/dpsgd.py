@@ -56,6 +56,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedpdm_flower.fedapp.privacy.accountants import RDP_ORDERS, opacus_rdp
+from fedpdm_flower.fedapp.privacy.calibration_cache import calibrated
 
 __all__ = [
     "DPSGDLedger",
@@ -349,6 +350,17 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps
     d = check_delta(delta)
     q = check_sample_rate(sample_rate)
     n = _check_steps("steps", steps)
+    lo_z = Z_RANGE[0]
+
+    def holds(z: float) -> bool:  # what the search below guarantees, for a value read from the cache
+        return (lo_z <= z <= Z_RANGE[1] and dpsgd_epsilon(z, q, n, d) <= eps
+                and (z == lo_z or dpsgd_epsilon(z / (1.0 + 1e-4), q, n, d) > eps))
+
+    return calibrated("dpsgd-rdp", (eps, d, q, n), lambda: _search_noise_multiplier(eps, d, q, n), holds)
+
+
+def _search_noise_multiplier(eps: float, d: float, q: float, n: int) -> float:
+    """:func:`noise_multiplier_for`'s search: Illinois regula falsi on log z, to 1e-4 relative."""
     lo_z, hi_z = Z_RANGE
 
     def log_excess(z: float) -> float:  # log eps(z) - log target: decreasing in z
