@@ -25,6 +25,8 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 PYTEST_WORKERS ?= 2
+# the slowest tests of each run are listed at its end (CI's log shows where the time went)
+PYTEST_ARGS ?= --durations=15
 
 .PHONY: setup run test test-slow test-deploy test-fast lint bench clean
 
