@@ -29,6 +29,7 @@ from fedpdm_flower.fedapp.runner import (
     setup_checkpoints,
     summary_lines,
 )
+from fedpdm_flower.strategies.base import PromptGrid
 
 app = ServerApp()
 
@@ -60,8 +61,10 @@ def main(grid: Grid, context: Context) -> None:
     engine = "flower-simulation" if type(grid).__name__ == "InMemoryGrid" else "flower-deployment"
     log(INFO, "results will be written to %s", out)
 
+    exchanges = grid if engine == "flower-simulation" else PromptGrid(grid)  # replies collected within 0.1-1 s
+
     def drive() -> None:  # the strategy holds the initial model (in the user's layout) and the central evaluation
-        strategy.start(grid=grid, initial_arrays=strategy.current_arrays(), num_rounds=cfg.num_server_rounds,
+        strategy.start(grid=exchanges, initial_arrays=strategy.current_arrays(), num_rounds=cfg.num_server_rounds,
                        evaluate_fn=strategy.evaluate_fn)
 
     try:

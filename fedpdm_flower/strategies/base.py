@@ -279,6 +279,68 @@ def aggregate_metric_replies(contents: Sequence[RecordDict], weight_key: str,
     return (aggr_fn or aggregate_metricrecords)(list(contents), weight_key)
 
 
+class PromptGrid(Grid):
+    """A deployment's Grid whose ``send_and_receive`` collects replies soon after they reach the SuperLink.
+
+    Flower's deployment Grid pushes the messages, then pulls the replies every 3 s: an exchange ends on average
+    1.5 s after its last reply arrived, and a round of a deployment has two to four exchanges. This one pulls
+    after 0.1 s, then at intervals growing by half up to 1 s (3 s, Flower's, with 1,000 or more replies pending:
+    each pull names every pending message). The messages, the replies and the ``timeout`` are those of Flower's
+    ``send_and_receive``; only the waits between pulls differ. Everything else is the Grid's own.
+
+    ``strategy.start(grid=PromptGrid(grid), ...)`` in a ServerApp's ``main``; the reproduction app does it on
+    deployments (a simulation's in-memory Grid already pulls every 0.1 s).
+    """
+
+    first_wait_s, max_wait_s, many = 0.1, 1.0, 1000
+
+    def __init__(self, grid: Grid) -> None:
+        self._grid = grid
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        pending = dict.fromkeys(self._grid.push_messages(messages))  # in push order
+        end = time.time() + (timeout if timeout is not None else 0.0)
+        replies: list[Message] = []
+        wait = self.first_wait_s
+        while timeout is None or time.time() < end:
+            got = list(self._grid.pull_messages(list(pending)))
+            replies.extend(got)
+            for reply in got:
+                pending.pop(reply.metadata.reply_to_message_id, None)
+            if not pending:
+                break
+            cap = self.max_wait_s if len(pending) < self.many else 3.0
+            time.sleep(min(wait, cap) if timeout is None else max(0.0, min(wait, cap, end - time.time())))
+            wait *= 1.5
+        return replies
+
+    # the rest is the wrapped Grid's
+    def set_run(self, run: Any) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self._grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
+        if name == "_grid":
+            raise AttributeError(name)
+        return getattr(self._grid, name)
+
+
 def wait_for_nodes(grid: Grid, need: int, *, limit_s: float | None) -> list[int]:
     """The connected node ids once at least ``need`` are connected: Flower's wait (``sample_nodes``, the same log
     line every second), bounded by ``limit_s`` seconds when it is not None (:class:`FederationError` after it).
