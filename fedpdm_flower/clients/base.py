@@ -52,7 +52,7 @@ from numpy.typing import NDArray
 from fedpdm_flower.fedapp.layout import FloatArray
 from fedpdm_flower.fedapp.localdata import ArrayData, SampledData, TorchData, as_local_data
 from fedpdm_flower.fedapp.sampling import STREAM_CLIENT, rng_for
-from fedpdm_flower.fedapp.wire import BUFFERS_KEY, array_record, named_record, reply_content, to_numpy
+from fedpdm_flower.fedapp.wire import BUFFERS_KEY, array_record, named_record, numpy_list, reply_content
 
 __all__ = ["FedClient", "MessageConfig", "as_flat_model", "register"]
 
@@ -228,7 +228,7 @@ class FedClient(NumPyClient):
     def load_vector(self, name: str) -> FloatArray | None:
         """A float64 vector saved by an earlier round, or None the first time."""
         rec = self.state.array_records.get(name)
-        return None if rec is None else to_numpy(next(iter(rec.values()))).astype(np.float64)
+        return None if rec is None else numpy_list(rec)[0].astype(np.float64)
 
     def save_vector(self, name: str, value: NDArray[Any]) -> None:
         """Persist a vector across rounds (float64: duals accumulate, float32 rounding would drift)."""
@@ -371,7 +371,7 @@ class FedClient(NumPyClient):
         if message_type == "query.whoami":
             return RecordDict({"info": ConfigRecord(self.get_properties({}))})
         key = _pick({k: v for k, v in content.array_records.items() if k != BUFFERS_KEY}, "arrays")
-        params = [to_numpy(a) for a in content.array_records[key].values()] if key else []
+        params = numpy_list(content.array_records[key]) if key else []
         ckey = _pick(content.config_records, "config")
         config: dict[str, Any] = dict(content.config_records[ckey]) if ckey else {}
         sent = self.receive_buffers(content, message_type)
