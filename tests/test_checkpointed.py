@@ -57,13 +57,18 @@ class CrashingGrid(LocalGrid):
     """LocalGrid that dies when round ``at``'s first message would leave (``after=False``) or once the devices
     answered round ``at``'s train messages (``after=True``: they did the round, the server never aggregated it)."""
 
-    def __init__(self, *args: Any, at: int | None = None, after: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, at: int | None = None, after: bool = False, at_exchange: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.at, self.after = at, after
+        self.at, self.after, self.at_exchange = at, after, at_exchange
         self.sent: list[Message] = []
+        self.exchanges = 0
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         msgs = list(messages)
+        self.exchanges += 1
+        if self.exchanges == self.at_exchange:  # by count: an exchange whose message list may be empty
+            raise Crash(f"killed at exchange {self.at_exchange}")
         rounds = {m.content.config_records["config"].get("server-round") for m in msgs
                   if "config" in m.content.config_records}
         if self.at is not None and self.at in rounds and not self.after:
@@ -80,11 +85,12 @@ def eval_loss(server_round: int, arrays: ArrayRecord) -> MetricRecord:
 
 
 def run(make: Callable[[], Strategy], directory: Path, *, app: ClientApp | None = None, crash: int | None = None,
-        after: bool = False, nodes: int = N, rounds: int = ROUNDS, node_config: Any = None,
-        **kwargs: Any) -> tuple[Checkpointed, Result | None, CrashingGrid]:
+        after: bool = False, crash_at_exchange: int | None = None, nodes: int = N, rounds: int = ROUNDS,
+        node_config: Any = None, **kwargs: Any) -> tuple[Checkpointed, Result | None, CrashingGrid]:
     """One ServerApp life: a fresh strategy and Grid (fresh Contexts) on ``directory``; None when it died."""
     strategy = Checkpointed(make(), directory, **kwargs)
-    grid = CrashingGrid(app if app is not None else user_app(), nodes, at=crash, after=after, node_config=node_config)
+    grid = CrashingGrid(app if app is not None else user_app(), nodes, at=crash, after=after,
+                        at_exchange=crash_at_exchange, node_config=node_config)
     try:
         return strategy, strategy.start(grid=grid, initial_arrays=initial(), num_rounds=rounds, evaluate_fn=eval_loss), grid
     except Crash:
@@ -252,7 +258,9 @@ def test_central_dp_continues_its_accountant(tmp_path: Path) -> None:
                          sample_rate=0.5, num_rounds=ROUNDS, min_available_nodes=N, clip_norm=2.0,
                          noise_multiplier=4.0)
 
-    assert run(make, tmp_path, crash=3)[1] is None
+    # killed as round 3's train exchange would leave, counted by exchanges (train and evaluate, 2 per round): a
+    # secret sample may draw nobody (1/16 here), and a round-3 message to look for would then not exist
+    assert run(make, tmp_path, crash_at_exchange=5)[1] is None
     strategy, resumed, _ = run(make, tmp_path)
     assert resumed is not None and strategy.resumed_from == 2
     truth = PldAccountant(PrivacyConfig(target_delta=1e-5, population_size=N, max_epsilon=20.0 * (1 + 1e-6),
