@@ -99,7 +99,7 @@ def test_the_sample_is_poisson_at_rate_q() -> None:
     s.start(grid=grid, initial_arrays=initial(), num_rounds=40)
     counts = [s.diagnostics[r]["central_dp.sampled"] for r in range(1, 41)]  # every node answers
     mean, se = np.mean(counts), math.sqrt(N * 0.3 * 0.7 / 40)
-    assert abs(mean - N * 0.3) < 4 * se
+    assert abs(mean - N * 0.3) < 5 * se  # 5 standard errors: a chance failure in about 6e-7 runs (4: 7e-5)
     assert len({tuple(sorted(n)) for n in grid.sent if n}) > 30  # a fresh draw each round
 
 

@@ -71,13 +71,14 @@ def test_secure_buffers_with_distributed_noise_carry_fedpdms_mean_exactly(caplog
     np.testing.assert_allclose(composed, plain, atol=1e-3)  # two buffer means of 4 = the mean of 8, to the ring's step
 
 
-def test_it_learns_under_real_noise_and_the_skellam_accountant_keeps_its_target() -> None:
+def test_it_learns_under_real_noise_and_the_skellam_accountant_keeps_its_target(seeded_device_entropy: None) -> None:
     mod = secure_buffers_mod(identity=lambda ctx: IDS[int(ctx.node_config["partition-id"])], trust_store=TRUST,
                              distributed_dp=DeviceSkellam(min_noise_multiplier=0.01))
-    s = DistributedDP(fedpdm(5), epsilon=50.0, num_rounds=5, clip_norm=5.0, buffer_size=4)
+    s = DistributedDP(fedpdm(5), epsilon=50.0, num_rounds=5, clip_norm=5.0, buffer_size=4, seed=0)
     x = run(s, FedPDMClient.client_app(client_fn, mods=[mod]), 5)
-    # from x = 0 (relative error 1): measured 0.52-0.89 in 50 runs, median 0.65 (the devices' noise and the buffers
-    # are unseeded); 0.85 failed about 1 run in 30, so the bound sits above the tail
+    # from x = 0 (relative error 1): unseeded, 0.52-0.89 in 50 runs (median 0.65), and 80 more runs had 2 above
+    # 0.85 (a tail of about 1e-2 past 0.95 by a lognormal fit): the devices' noise and the buffers are seeded here
+    # (tests/conftest.py, seeded_device_entropy), so the run has one outcome, at the calibrated noise scale: 0.728
     assert np.linalg.norm(x - W) < 0.95 * np.linalg.norm(W)
     spent = s.privacy_spent()
     assert spent.accounting_method == "skellam-rdp" and spent.num_releases == 5
