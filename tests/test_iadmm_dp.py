@@ -257,8 +257,8 @@ def test_iadmm_mean_under_distributed_dp_learns_with_both_guarantees(seeded_devi
     three repeats, docs/private-learning-iadmm.md); measured over seventeen unseeded repeats of this test's setting:
     0.49-0.72 (mean about 0.62, sd about 0.065: the floor sat about 3 sd below, a failure in about 1e-3 runs). The
     devices' entropy and the buffers are seeded here (tests/conftest.py, seeded_device_entropy): one outcome, at
-    the calibrated noise scales (0.637 after round 6). The floor is chance (1/3) plus a clear margin, and a rise of 0.15 over the
-    initial model."""
+    the calibrated noise scales (0.637 after round 6). The floor is chance (1/3) plus a clear margin, and a rise of
+    0.15 over the initial model."""
     parts = _softmax_parts()
 
     def client_fn(ctx: Context) -> FedClient:

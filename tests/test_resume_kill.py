@@ -275,8 +275,8 @@ def test_deployment_bsdp_fedpdm_killed_server_resumes_with_the_devices_state(tmp
     names. The finished run equals the uninterrupted one (model within 1e-6, the same privacy figures).
 
     The simulation tests' 3 rounds of 100 examples a node (SIM): one round before the kill, two after it. Every
-    message of a deployment starts a `flwr-clientapp` process (Flower's subprocess isolation: about 4 s of CPU to
-    import flwr and the app), so a round of 4 nodes costs up to 8 (a train and an evaluate message each); a 4th
+    message of a deployment starts a `flwr-clientapp` process (Flower's subprocess isolation; importing flwr alone
+    is 2.3 s of CPU), so a round of 4 nodes costs up to 8 of them (a train and an evaluate message each); a 4th
     round added nothing the 3 do not show."""
     from simulations.deploy import local_deployment
 
