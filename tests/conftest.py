@@ -25,9 +25,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-# Every SuperExec the tests start (simulation SuperLinks, deployed SuperLinks and SuperNodes) looks for a new task
-# every 0.2 s instead of Flower's default 1 s (allowed: 0.01-60): each run, and on a deployment each message
-# exchange, starts half a second sooner on average. It changes when work starts, never what it does.
+# Every SuperExec of a deployment the tests start (deployed SuperLinks and SuperNodes) looks for a new task every
+# 0.2 s instead of Flower's default 1 s (allowed: 0.01-60): on a deployment each message exchange starts half a
+# second sooner on average. It changes when work starts, never what it does. The simulation SuperLinks, which live
+# for the whole session and start one task per run, keep Flower's 1 s (SIMULATION_POLL below).
 os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
 # The suite's noise calibrations (fedpdm_flower/fedapp/privacy/calibration_cache.py) go to one file of this test
 # run, shared by its workers and every Flower process they start, not to the user's ~/.cache; removed at the end.
@@ -76,6 +77,11 @@ def _forget_cached_clients() -> Iterator[None]:
 #: by its own end; a process that really dies still fails its test, 10 minutes later, and its output is in the
 #: SuperLink's log (simulations.deploy keeps it; run_flower's error quotes it).
 HEARTBEAT_PATIENCE = 20
+#: the simulation SuperLinks' task poll (s): Flower's default. Each poll is a request the SuperLink serves; at 0.2 s
+#: an idle SuperLink and its SuperExec took 4.8 % of a core, at 1 s 1.2 % (30 s idle, 2 cores). The suite keeps
+#: both cores busy and holds two or three such SuperLinks for its whole length, so the faster poll cost more CPU
+#: than the 0.4 s it saves each run on average (time the other test process uses)
+SIMULATION_POLL = 1.0
 
 
 @pytest.fixture()
@@ -130,7 +136,7 @@ def flower_simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loca
     from simulations.deploy import local_simulation
 
     with local_simulation(flwr_home=tmp_path_factory.mktemp("flwr-home"), ray_head=True, ray_cpus=_ray_cpus(),
-                          heartbeat_patience=HEARTBEAT_PATIENCE) as sim:
+                          heartbeat_patience=HEARTBEAT_PATIENCE, task_poll_interval=SIMULATION_POLL) as sim:
         yield sim
 
 
@@ -180,7 +186,7 @@ def installed_simulation(installed_env: InstalledEnv, tmp_path_factory: pytest.T
     work = tmp_path_factory.mktemp("installed-superlink")
     with local_simulation(flwr_home=work / "flwr-home", pythonpath=None, bin_dir=installed_env.bin_dir,
                           cwd=work, ray_head=True, ray_cpus=_ray_cpus(),  # Ray runs the installed env's Python
-                          heartbeat_patience=HEARTBEAT_PATIENCE) as sim:
+                          heartbeat_patience=HEARTBEAT_PATIENCE, task_poll_interval=SIMULATION_POLL) as sim:
         yield sim
 
 
@@ -201,3 +207,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames")
                 and "installed_simulation" not in item.fixturenames):
             item.fixturenames.append("_own_simulation_superlink")
+
