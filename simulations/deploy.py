@@ -603,9 +603,8 @@ def local_simulation(*, flwr_home: Path, pythonpath: Path | None = ROOT, startup
     /dev/null: the only trace of a simulation process that dies before it uploads its first log lines.
 
     ``task_poll_interval`` (seconds; default None: this process's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, else
-    Flower's 1 s) is how often the SuperLink's SuperExec asks it for a new run to start. Each poll is a request the
-    SuperLink serves: at 0.2 s an idle SuperLink and its SuperExec cost 4.8 % of a core, at 1 s 1.2 % (30 s idle,
-    measured on 2 cores), against a run starting 0.4 s later on average.
+    Flower's 1 s) is how often the SuperLink's SuperExec asks it for a new run to start: a shorter poll starts runs
+    sooner and costs CPU while idle (tests/conftest.py's ``SIMULATION_POLL`` has the measurement).
     """
     flwr_home = flwr_home.resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)

@@ -207,4 +207,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (item.get_closest_marker("flower") is not None and hasattr(item, "fixturenames")
                 and "installed_simulation" not in item.fixturenames):
             item.fixturenames.append("_own_simulation_superlink")
-
