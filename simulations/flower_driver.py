@@ -1,17 +1,21 @@
 """Run one configuration through Flower itself (`flwr run`), simulation or deployment, and check it completed.
 
-`flwr run --stream` exits 0 even when the run failed, so we submit with `--format json`, stream the logs with
-`flwr log`, and then read the run's status with `flwr list --run-id`; anything but `finished:completed` raises.
+`flwr run --stream` exits 0 even when the run failed, so we submit the run (`flwr run --format json`, or for a
+named SuperLink connection the same steps with flwr's own functions in this process), stream the logs with `flwr log`,
+and then read the run's status with `flwr list --run-id`; anything but `finished:completed` raises.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,18 +116,89 @@ def submit_run(config: dict[str, Any], *, num_supernodes: int | None = None, con
     ``config`` is the run config as given (nothing is added); the other arguments are :func:`run_flower`'s.
     """
     env = env or flwr_env()
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in config.items()) or None
+    federation_config = (f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+                         if num_supernodes is not None and (connection is None or simulation) else None)
     with staged_app(app) as app_dir:  # this checkout: a staged copy without .venv/.git/caches (staged_app)
-        args = ["run", str(app_dir)] + ([connection] if connection else []) + ["--format", "json"]
-        if config:
-            args += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in config.items())]
-        if num_supernodes is not None and (connection is None or simulation):
-            args += ["--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus=1"]
+        if connection is not None:  # a named SuperLink: submitted from this process (_start_run_here)
+            with contextlib.suppress(ImportError):  # another flwr's CLI layout: its executable below
+                return _start_run_here(app_dir, connection, run_config, federation_config, env)
+        args = ["run", str(app_dir), "--format", "json"]
+        args += ["-c", run_config] if run_config else []
+        args += ["--federation-config", federation_config] if federation_config else []
         out = _flwr(args, env, timeout=120)
     try:
         submitted = json.loads(out[out.index("{"):])
         return int(submitted["run-id"])
     except (ValueError, KeyError) as err:
         raise FlowerRunError(f"could not read the run id from `flwr run` output: {out!r}") from err
+
+
+@contextmanager
+def _flwr_home(env: dict[str, str]) -> Iterator[None]:
+    """``env``'s FLWR_HOME in ``os.environ`` for the block: flwr's CLI functions read the connections (and any
+    account tokens) from there; the rest of the environment is left alone."""
+    saved = os.environ.get("FLWR_HOME")
+    if "FLWR_HOME" in env:
+        os.environ["FLWR_HOME"] = env["FLWR_HOME"]
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("FLWR_HOME", None)
+        else:
+            os.environ["FLWR_HOME"] = saved
+
+
+def _start_run_here(app_dir: Path, connection: str, run_config: str | None, federation_config: str | None,
+                    env: dict[str, str]) -> int:
+    """What ``flwr run APP CONNECTION -c RUN_CONFIG --federation-config FEDERATION_CONFIG`` does, with flwr's own
+    functions in this process: read the app's pyproject.toml, build the FAB from disk, send ``StartRun`` on the
+    connection's Control API. The ``flwr`` executable costs a Python process importing flwr, about 1.8 s of CPU,
+    per run (docs/development.md, "Times"); the tests submit dozens.
+
+    One step of ``flwr run`` is left out: its check that the app's modules can be found, which puts the app folder
+    on this process's ``sys.path`` and imports the app's parent packages from it (from a staged copy that is
+    deleted after the submit, later submits find nothing). A missing module still fails the run, in the SuperLink.
+    """
+    import click  # the imports raise ImportError before anything is sent (submit_run's fallback)
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.config_utils import load_and_validate
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.run.run import _parse_federation_config_overrides
+    from flwr.cli.utils import flwr_cli_exc_handler, init_http_client_from_connection
+    from flwr.common.config import parse_config_args
+    from flwr.common.constant import FAB_CONFIG_FILE
+    from flwr.common.serde import fab_to_proto, user_config_to_proto
+    from flwr.proto.control_pb2 import StartRunRequest
+    from flwr.supercore.fab import Fab
+
+    try:
+        with _flwr_home(env), warnings.catch_warnings():
+            # pathspec deprecates the pattern name flwr's FAB builder passes it: flwr's to change, not ours
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="pathspec")
+            load_and_validate(app_dir / FAB_CONFIG_FILE, check_module=False)
+            link = read_superlink_connection(connection)
+            fab_bytes = build_fab_from_disk(app_dir)
+            req = StartRunRequest(
+                fab=fab_to_proto(Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})),
+                override_config=user_config_to_proto(parse_config_args([run_config] if run_config else None)),
+                federation=link.federation or "",
+                override_federation_config=_parse_federation_config_overrides(
+                    [federation_config] if federation_config else None, link),
+                app_spec="",
+            )
+            client = init_http_client_from_connection(link)
+            try:
+                with flwr_cli_exc_handler():
+                    res = client.StartRun(req)
+            finally:
+                client.close()
+    except (click.ClickException, ValueError) as err:
+        raise FlowerRunError(f"flwr run {app_dir} {connection} failed: {err}") from err
+    if not res.HasField("run_id"):
+        raise FlowerRunError(f"flwr run {app_dir} {connection}: the SuperLink started no run")
+    return int(res.run_id)
 
 
 def _flwr_here(args: list[str], env: dict[str, str], timeout: float | None = None) -> str:
@@ -134,7 +209,6 @@ def _flwr_here(args: list[str], env: dict[str, str], timeout: float | None = Non
     flwr prints ``--format json`` output to ``sys.__stdout__``, past any redirection, so that is captured too. A call
     that has not returned within ``timeout`` seconds raises FlowerRunError (it is left running in a daemon thread).
     """
-    import contextlib
     import io
     import threading
 
