@@ -65,9 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                           start=first), out=out, t0=t0)
         except RunFailed as err:
             failed = json.loads(err.results.read_text())
-            print("\n".join(summary_lines(failed, err.results)))
+            print("\n".join(summary_lines(failed, err.results, plot=cfg.plot)))
             raise
-        print("\n".join(summary_lines(doc, path)))
+        print("\n".join(summary_lines(doc, path, plot=cfg.plot)))
         return 0
     from simulations.flower_driver import FlowerRunError, run_flower
 

@@ -131,6 +131,15 @@ def test_message_uses_the_eq3_quantizer() -> None:
     np.testing.assert_array_equal(dpq.decode_message(p, expect.astype(np.int16)), 0.25 * expect)
 
 
+@pytest.mark.parametrize("words", [(0,), (11, 50, 3, 5), (2**32 - 1, 52, 0, 7), (2**32, 50, 1, 1), (2**40 + 5, 51, 9, 10**6),
+                                   (np.int64(3), 50, 2, 4)])
+def test_the_stateless_streams_are_numpys_default_rng_of_the_words(words: tuple[int, ...]) -> None:
+    """rng_for (the fast path for 32-bit words, numpy's own path otherwise) draws default_rng([*words])'s stream."""
+    from fedpdm_flower.fedapp.sampling import rng_for
+
+    np.testing.assert_array_equal(rng_for(*words).random(8), np.random.default_rng(list(words)).random(8))
+
+
 def test_messages_and_ablation_flags() -> None:
     """Spec 2.5: dpq -> integer levels of x + n; dp-only -> float x + n; quant-only -> levels of x; dsgd -> x."""
     x = np.array([0.25, -1.5, 3.0, 0.1])

@@ -35,6 +35,7 @@ from fedpdm_flower.strategies.dpq import DPQDSGD, RUN_KEYS
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
 
 BASE: dict[str, Any] = {
+    "plot": False,  # results.json is what these runs are read by; tests/test_results.py checks the plot
     "algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5, "clients-per-round": 5,
     "dpq-horizon": 2000, "samples-per-client": 200, "dpq-eval-limit": 200, "eval-every": 2,
 }

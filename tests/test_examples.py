@@ -140,9 +140,11 @@ def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(installed_
                                                                       tmp_path: Path) -> None:
     # CentralDP around the user's FedAvg, 10 nodes, q = 0.5, epsilon 8 over 3 rounds. Client-level DP with 10
     # clients is noise-dominated (z C / (q N) per coordinate; measured 0.07-0.08 accuracy, 2 runs), so this checks
-    # the run and its accounting; `bench --suite dp-anchor` shows it learning with 1,000 clients
+    # the run and its accounting, not learning (`bench --suite dp-anchor` shows it learning with 1,000 clients):
+    # each node trains on 60 images (6 batches of 10) instead of the app's 600, which the accounting does not see
     out = tmp_path / "result.json"
     run = run_flower({"wrappers": "central-dp", "min-nodes": 10, "dp-epsilon": 8.0, "dp-sample-rate": 0.5,
+                      "samples-per-node": 60, "batch-size": 10,
                       "result-path": str(out)}, tmp_path, num_supernodes=10, connection=installed_simulation.connection,
                      env=installed_simulation.env, simulation=True, app=ROOT / "examples" / "wrapped_fedavg", results_name=None,
                      stream=False, timeout=600)

@@ -30,11 +30,11 @@ from fedpdm_flower.fedapp.runner import RunFailed, build_strategy, run_to_result
 from simulations.__main__ import EXIT_CONFIG, EXIT_FAILED, main
 from simulations.inprocess import make_contexts, run_rounds
 
-PDM = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 4,
+PDM = {"plot": False, "algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 4,
        "clients-per-round": 4, "num-server-rounds": 2}
-DPQ = {"algorithm": "dpq-dsgd", "model": "lenet5-valid", "num-clients": 4, "clients-per-round": 4,
+DPQ = {"plot": False, "algorithm": "dpq-dsgd", "model": "lenet5-valid", "num-clients": 4, "clients-per-round": 4,
        "num-server-rounds": 4, "samples-per-client": 100, "dpq-eval-limit": 100}
-RECAL = {"algorithm": "dp-recal", "num-clients": 4, "clients-per-round": 4, "num-server-rounds": 6,
+RECAL = {"plot": False, "algorithm": "dp-recal", "num-clients": 4, "clients-per-round": 4, "num-server-rounds": 6,
          "recal-samples": 400}
 
 
@@ -299,12 +299,22 @@ def test_empty_out_dir_defaults_to_outputs_under_the_current_directory(
 ) -> None:
     """--out '' used to write results.json straight into the current directory."""
     monkeypatch.chdir(tmp_path)
-    assert main(_cli({**PDM, "num-server-rounds": 1}, "")) == 0
+    assert main(_cli({**PDM, "num-server-rounds": 1, "plot": True}, "")) == 0
     (made,) = (tmp_path / "outputs").iterdir()
     assert re.fullmatch(r"bsdp-fedpdm-synthetic-\d{8}-\d{6}", made.name)
-    assert f"results: {made / 'results.json'} " in capsys.readouterr().out  # the absolute path is printed
+    # the absolute paths are printed, the plot's too
+    assert f"results: {made / 'results.json'} (plot: {made / 'accuracy.png'})" in capsys.readouterr().out
+    assert (made / "accuracy.png").stat().st_size > 1000
     assert json.loads((made / "results.json").read_text())["config"]["out-dir"] == str(made)
     assert not (tmp_path / "results.json").exists()
+
+
+def test_plot_false_writes_the_results_without_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_cli({**PDM, "num-server-rounds": 1, "plot": False}, tmp_path)) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "completed"
+    assert (tmp_path / "model.npy").exists() and not (tmp_path / "accuracy.png").exists()
+    printed = capsys.readouterr().out
+    assert f"results: {tmp_path / 'results.json'}\n" in printed and "plot:" not in printed
 
 
 def test_results_that_cannot_be_written_at_the_end_go_to_a_temporary_directory(

@@ -16,7 +16,7 @@ from simulations.inprocess import run_inprocess
 
 pytestmark = pytest.mark.flower
 
-SMALL = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 6,
+SMALL = {"plot": False, "algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 6,
          "clients-per-round": 3, "num-server-rounds": 4, "eta0": 0.05, "uplink-sparsifier": "randk",
          "alpha-up": 0.3, "alpha-down": 0.5, "dp": True, "epsilon-total": 50.0}
 
@@ -60,7 +60,7 @@ def test_our_fedavg_matches_flowers_builtin_fedavg(tmp_path: Path) -> None:
     Full participation and equal partitions (synthetic 2000 samples / 4 clients), so Flower's num-examples
     weighting equals our unweighted mean and Flower's unseeded sampling picks everyone.
     """
-    common = {"dataset": "synthetic", "partitioner": "iid", "num-clients": 4, "clients-per-round": 4,
+    common = {"plot": False, "dataset": "synthetic", "partitioner": "iid", "num-clients": 4, "clients-per-round": 4,
               "num-server-rounds": 3, "dp": False, "model": "multinomial", "eta0": 0.1, "gamma": 0.0}
     res = run_flower({**common, "algorithm": "flwr-fedavg"}, tmp_path / "builtin", num_supernodes=4, stream=False)
     builtin = json.loads(res.results.read_text())
@@ -71,7 +71,7 @@ def test_our_fedavg_matches_flowers_builtin_fedavg(tmp_path: Path) -> None:
     assert all(r["uplink_bytes"] > 0 and r["downlink_bytes"] > 0 for r in builtin["rounds"])
 
 
-FEDREP = {"algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
+FEDREP = {"plot": False, "algorithm": "fedrep", "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4,
           "clients-per-round": 4, "num-server-rounds": 2, "batch-size": 25, "local-steps": 2, "buffer-size": 2,
           "eval-every": 1}
 
@@ -96,7 +96,7 @@ def test_fedrep_masked_flower_simulation_equals_inprocess_driver(tmp_path: Path)
                                  ulps=TRAJECTORY_ULPS, what="final model")
 
 
-RECAL = {"algorithm": "dp-recal", "dataset": "mnist", "num-clients": 8, "clients-per-round": 8,
+RECAL = {"plot": False, "algorithm": "dp-recal", "dataset": "mnist", "num-clients": 8, "clients-per-round": 8,
          "num-server-rounds": 24, "recal-samples": 2000, "recal-epsilon": 5.0, "eval-every": 8}
 
 

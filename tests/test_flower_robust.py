@@ -34,6 +34,7 @@ from simulations.flower_driver import run_flower
 from simulations.inprocess import make_contexts, run_inprocess
 
 BASE: dict[str, Any] = {
+    "plot": False,  # results.json is what these runs are read by; tests/test_results.py checks the plot
     "dataset": "mnist", "partitioner": "iid", "model": "lenet5", "num-clients": 4, "clients-per-round": 4,
     "num-server-rounds": 2, "batch-size": 25, "lr": 0.5, "local-steps": 2,
 }

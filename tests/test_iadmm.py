@@ -39,7 +39,7 @@ from fedpdm_flower.fedapp.privacy.laplace import advanced_composition, basic_com
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
 
 INF = math.inf
-SMALL = {"dataset": "synthetic", "partitioner": "iid", "num-clients": 3, "clients-per-round": 3,
+SMALL = {"plot": False, "dataset": "synthetic", "partitioner": "iid", "num-clients": 3, "clients-per-round": 3,
          "model": "multinomial-nobias", "num-server-rounds": 5, "iadmm-epsilon": 1.0}
 
 

@@ -44,7 +44,7 @@ from fedpdm_flower.strategies.base import RoundFailed
 from fedpdm_flower.strategies.recal_baselines import DPNids, DPPGExtra, DPRWAdmm
 from simulations.inprocess import make_contexts, run_inprocess, run_rounds
 
-BASE: dict[str, Any] = {"dataset": "mnist", "num-clients": 8, "clients-per-round": 8, "recal-samples": 2000,
+BASE: dict[str, Any] = {"plot": False, "dataset": "mnist", "num-clients": 8, "clients-per-round": 8, "recal-samples": 2000,
                         "recal-epsilon": 10.0, "eval-every": 1}
 T_SYNC = 6
 SYNC = {"dp-pg-extra": (DPPGExtra, PGExtraState, simulate_pg_extra, STREAM_PG_EXTRA),

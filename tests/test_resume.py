@@ -31,7 +31,7 @@ from simulations.__main__ import EXIT_CONFIG, EXIT_FAILED, main
 ROUND_KEYS = ("round", "test_accuracy", "test_loss", "epsilon", "delta", "uplink_bytes", "downlink_bytes", "clients",
               "rejected")
 
-FEDPDM = {"algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 6,
+FEDPDM = {"plot": False, "algorithm": "bsdp-fedpdm", "dataset": "synthetic", "partitioner": "iid", "num-clients": 6,
           "clients-per-round": 3, "num-server-rounds": 5, "eta0": 0.05, "uplink-sparsifier": "randk",
           "alpha-up": 0.3, "alpha-down": 0.5, "dp": True, "epsilon-total": 50.0}
 
@@ -113,7 +113,7 @@ def test_inprocess_resume_equals_uninterrupted(tmp_path: Path, algorithm: str, e
     _assert_same_run(tmp_path / "whole", tmp_path / "resumed")
 
 
-DPQ = {"algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5, "clients-per-round": 5,
+DPQ = {"plot": False, "algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5, "clients-per-round": 5,
        "dpq-horizon": 2000, "samples-per-client": 200, "dpq-eval-limit": 200, "eval-every": 2, "num-server-rounds": 4}
 
 

@@ -12,6 +12,7 @@ instead. ``sizes`` gives nodes other numbers of training rows than 300 (weightin
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,14 @@ D = 500  # large enough that a payload outweighs the records' fixed serializatio
 TRUE_W = np.linspace(-1.0, 1.0, D)
 
 
+@functools.lru_cache(maxsize=64)  # the same rows at every message (a device loads its data once): read-only
 def node_data(pid: int, n: int = 300) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(pid)
     x = rng.normal(size=(n, D))
-    return x, x @ TRUE_W + 0.5 + 0.01 * rng.normal(size=n)
+    y = x @ TRUE_W + 0.5 + 0.01 * rng.normal(size=n)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
 
 
 #: the evaluate replies ``poison`` can spoil: no records at all, no MetricRecord, an extra metric key, a NaN, a zero

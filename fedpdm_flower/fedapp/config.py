@@ -80,6 +80,9 @@ class RunConfig:
     num_server_rounds: int = field(default=30, metadata=_key("num-server-rounds", lambda v: v >= 1))
     seed: int = field(default=0, metadata=_key("seed", _nonneg))
     out_dir: str = field(default="", metadata=_key("out-dir", None, "where results.json and the plot go"))
+    plot: bool = field(default=True, metadata=_key(
+        "plot", None, "draw out-dir/accuracy.png at the end (false: results.json and model.npy only, e.g. for sweeps "
+        "on a machine without a display; matplotlib then is not even imported)"))
     # ---- checkpoints and resume (fedpdm_flower/fedapp/checkpoint.py, docs/deployment.md "Checkpoints and resume")
     checkpoint: bool = field(default=True, metadata=_key("checkpoint", None, "write out-dir/checkpoint after every round"))
     resume: bool = field(default=False, metadata=_key("resume", None, "continue the run whose checkpoint is in out-dir"))

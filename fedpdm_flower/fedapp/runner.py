@@ -165,7 +165,8 @@ def finish(
     cfg: RunConfig, strategy: Any, engine: str, *, wall_s: float, out_dir: str | None = None,
     error: str | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    """Write results.json, accuracy.png and model.npy; return the document and the json path.
+    """Write results.json, accuracy.png (unless run config ``plot`` is false) and model.npy; return the document
+    and the json path.
 
     ``error`` marks the run failed (results.json ``"status": "failed"``, ``"error"``) with the rounds that ran. If
     the output directory cannot be written, everything goes to a new temporary directory instead (logged).
@@ -194,14 +195,14 @@ def finish(
     )
     model = strategy.global_model()  # the final global model (of the last completed round), float64
     try:
-        path = write_results(doc, out)
+        path = write_results(doc, out, plot=cfg.plot)
         np.save(out / "model.npy", model)
     except OSError as err:  # the work is done: keep it somewhere rather than lose it
         fallback = Path(tempfile.mkdtemp(prefix="fedapp-results-"))
         log(WARNING, "could not write the results to %s (%s: %s); writing them to %s instead", out,
             type(err).__name__, err, fallback)
         doc["config"]["out-dir"] = str(fallback)
-        path = write_results(doc, fallback)
+        path = write_results(doc, fallback, plot=cfg.plot)
         np.save(fallback / "model.npy", model)
     return doc, path
 
@@ -290,8 +291,8 @@ def setup_checkpoints(cfg: RunConfig, strategy: Any, out: Path) -> None:
     strategy.after_round = after_round
 
 
-def summary_lines(doc: dict[str, Any], path: Path) -> list[str]:
-    """Human-readable end-of-run summary."""
+def summary_lines(doc: dict[str, Any], path: Path, *, plot: bool = True) -> list[str]:
+    """Human-readable end-of-run summary (``plot``: whether the run drew accuracy.png beside ``path``)."""
     s = doc.get("summary", {})
     acc = s.get("final_test_accuracy")
     lines = [
@@ -307,5 +308,5 @@ def summary_lines(doc: dict[str, Any], path: Path) -> list[str]:
                                                           for k, v in priv.items()))
     if s.get("rejected_replies"):
         lines.append(f"rejected replies: {s['rejected_replies']}")
-    lines.append(f"results: {path} (plot: {path.parent / 'accuracy.png'})")
+    lines.append(f"results: {path}" + (f" (plot: {path.parent / 'accuracy.png'})" if plot else ""))
     return lines

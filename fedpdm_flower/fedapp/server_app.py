@@ -75,5 +75,5 @@ def main(grid: Grid, context: Context) -> None:
         if debug:
             raise
         raise RunFailed(str(err), err.results, err.rounds) from None
-    for line in summary_lines(doc, path):
+    for line in summary_lines(doc, path, plot=cfg.plot):
         log(INFO, "%s", line)

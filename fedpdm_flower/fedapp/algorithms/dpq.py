@@ -76,6 +76,7 @@ from numpy.typing import ArrayLike, NDArray
 from fedpdm_flower.fedapp import topology
 from fedpdm_flower.fedapp.compression.quantize import dequantize, quantize_levels
 from fedpdm_flower.fedapp.privacy import dpq as accountant
+from fedpdm_flower.fedapp.sampling import rng_for
 
 if TYPE_CHECKING:
     from fedpdm_flower.fedapp.localdata import LocalData
@@ -397,7 +398,7 @@ def ablation(params: DPQParams, name: str, q_step: float | None = None) -> DPQPa
 def _rng(seed: int | None, stream: int, node: int, k: int) -> np.random.Generator:
     if seed is None:  # a device without a seed: fresh OS entropy, not reproducible
         return np.random.default_rng()
-    return np.random.default_rng([int(seed), stream, int(node), int(k)])
+    return rng_for(int(seed), stream, int(node), int(k))  # default_rng([seed, stream, node, k]), bit for bit
 
 
 def privacy_noise(params: DPQParams, node: int, k: int, dim: int) -> FloatArray | None:
