@@ -3,7 +3,7 @@ strategy, gets the same ``Result`` back.
 
 The app (``tests/parity_app``: the user's CNN, data, train / evaluate functions and ``@app.main()``; nothing in it
 is the library's) runs every strategy one after the other on the same 4 simulated nodes in ONE ``flwr run``, so
-the engine starts once. main() reads each Result as a Flower pipeline does (``load_state_dict`` on
+the engine starts once; then every strategy again on each device-side case, in the same run. main() reads each Result as a Flower pipeline does (``load_state_dict`` on
 ``result.arrays``, the metric dictionaries by round) and writes what it found; the assertions compare that with
 what Flower's own FedAvg returned, which is the independent truth here.
 
@@ -17,7 +17,8 @@ What differs, and why (docs/flower-parity.md), is asserted as such, not skipped:
   client's; the user's ``user_lr_seen`` is added by the user's own train function around it).
 
 The device side: the app's run config has ``model-norm`` ("batchnorm") and ``samples`` ("dict", flwr-datasets'
-{"img", "label"}); :data:`DEVICE_CASES` lists the overrides a second run adds (a BatchNorm model on dict samples).
+{"img", "label"}); :data:`DEVICE_CASES` lists the passes of every strategy that the same run adds (a BatchNorm model
+on dict samples), through its ``device-passes`` key.
 """
 
 from __future__ import annotations
@@ -48,11 +49,10 @@ WRAPPERS = ("robust", "compressed", "secure", "central-dp", "distributed-dp")
 #: library clients that report no "train_loss" of their own: DP-RECAL's agents report "local_loss"; IADMMClient
 #: (ObjP) reports none yet (a device-side item of issue 23)
 NO_TRAIN_LOSS = ("dp-recal", "objp")
-#: run-config overrides of the device-side parity checks (BatchNorm models, dict samples); empty until the device
-#: side accepts them (issue 23, parity-client): each adds one more `flwr run` of the same app
 #: the device side: a user model with BatchNorm, trained from flwr-datasets-shaped dict samples, through every
-#: strategy of the app (all of them run without noise here, so every client must accept BatchNorm)
-DEVICE_CASES: dict[str, dict[str, Any]] = {"batchnorm-dict-samples": {"model-norm": "batchnorm", "samples": "dict"}}
+#: strategy of the app (all of them run without noise here, so every client must accept BatchNorm). Each case
+#: ("model-norm:samples") is one more pass of every strategy in the parity run (run config ``device-passes``)
+DEVICE_CASES: dict[str, str] = {"batchnorm-dict-samples": "batchnorm:dict"}
 
 
 def _provision(keys: Path, nodes: int) -> None:
@@ -84,7 +84,7 @@ def simulation(flower_simulation: LocalSimulation) -> LocalSimulation:
 
 @pytest.fixture(scope="module")
 def parity(simulation: LocalSimulation, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_app(simulation, tmp_path_factory.mktemp("parity"))
+    return run_app(simulation, tmp_path_factory.mktemp("parity"), **{"device-passes": ",".join(DEVICE_CASES.values())})
 
 
 def _rounds(field: dict[str, Any]) -> set[int]:
@@ -138,9 +138,9 @@ def test_the_result_is_flowers_shape_with_the_users_keys(parity: dict[str, Any],
 
 
 @pytest.mark.parametrize("case", sorted(DEVICE_CASES))
-def test_device_side_cases_keep_the_result(simulation: LocalSimulation, tmp_path: Path, case: str) -> None:
-    doc = run_app(simulation, tmp_path, **DEVICE_CASES[case])
-    runs = doc["strategies"]
+def test_device_side_cases_keep_the_result(parity: dict[str, Any], case: str) -> None:
+    doc = parity["device"][DEVICE_CASES[case]]
+    runs = dict(doc["strategies"])
     # DP-RECAL's agents are differentially private by construction: they refuse BatchNorm, as Opacus's validator
     # does, naming the one-line fix (docs/models-and-data.md); every other strategy trains the BatchNorm model
     refused = runs.pop("dp-recal")

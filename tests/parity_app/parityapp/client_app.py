@@ -60,16 +60,27 @@ def _track(msg: Message, context: Context, name: str | None = None) -> str:
     node's context.state lives for the whole Flower run, and main() runs one strategy after the other: the user's
     app starts each strategy's state afresh (the secure records when a new secure run label appears, everything
     else when a new strategy name does)."""
-    cfg = _cfg(msg)
-    track = dict(context.state.config_records.get(TRACK, ConfigRecord({"strategy": "", "run": ""})))
+    cfg, rc = _cfg(msg), context.run_config
+    first = ConfigRecord({"strategy": "", "run": "", "norm": str(rc["model-norm"]), "samples": str(rc["samples"])})
+    track = dict(context.state.config_records.get(TRACK, first))
     name = name or str(cfg.get("parity-strategy", track["strategy"]))
     run = str(cfg.get(S_RUN, track["run"]))
+    # the pass main() is in (its model norm and sample shape, in the train and evaluate configs; a query keeps the
+    # last one): the same strategy in another pass starts afresh too
+    norm, samples = str(cfg.get("parity-norm", track["norm"])), str(cfg.get("parity-samples", track["samples"]))
+    changed = name != track["strategy"] or (norm, samples) != (track["norm"], track["samples"])
     for key in list(context.state.keys()):
         secure = key in SECURE_RECORDS
-        if key != TRACK and ((secure and run != track["run"]) or (not secure and name != track["strategy"])):
+        if key != TRACK and ((secure and run != track["run"]) or (not secure and changed)):
             del context.state[key]
-    context.state[TRACK] = ConfigRecord({"strategy": name, "run": run})
+    context.state[TRACK] = ConfigRecord({"strategy": name, "run": run, "norm": norm, "samples": samples})
     return name
+
+
+def _case(context: Context) -> tuple[str, str]:
+    """(model norm, sample shape) of the pass this node serves now (``_track`` keeps it, from every message)."""
+    track = context.state.config_records[TRACK]
+    return str(track["norm"]), str(track["samples"])
 
 
 def protocol_mods(msg: Message, context: Context, call_next: Any) -> Message:
@@ -96,8 +107,9 @@ app = ClientApp(mods=[protocol_mods])
 def library_client(name: str, context: Context) -> Any:
     """The algorithm's client on the user's model and data (built per message: its state is in context.state)."""
     rc, pid = context.run_config, int(context.node_config["partition-id"])
-    net, ce = Net(str(rc["model-norm"])), nn.CrossEntropyLoss()
-    data = train_data(pid, int(rc["samples-per-node"]), str(rc["samples"]))
+    norm, samples = _case(context)
+    net, ce = Net(norm), nn.CrossEntropyLoss()
+    data = train_data(pid, int(rc["samples-per-node"]), samples)
     loader = DataLoader(data, batch_size=int(rc["batch-size"]))
     if name == "bsdp-fedpdm":
         return BSDPFedPDMClient(net, loader, loss_fn=ce, context=context, seed=pid)
@@ -132,9 +144,10 @@ def train_fn(msg: Message, context: Context) -> Message:
     name = str(cfg["parity-strategy"])  # the user's own train_config key: a KeyError here fails the reply
     if name in OURS:
         return _delegate("train", msg, context)
-    net = Net(str(rc["model-norm"]))
+    norm, samples = _case(context)
+    net = Net(norm)
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    data = train_data(pid, int(rc["samples-per-node"]), str(rc["samples"]))
+    data = train_data(pid, int(rc["samples-per-node"]), samples)
     loss = train(net, data, lr=float(rc["lr"]), epochs=int(rc["local-epochs"]), batch_size=int(rc["batch-size"]))
     metrics = {"train_loss": loss, "num-examples": len(data), "user_lr_seen": float(cfg["user-lr"])}
     return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": MetricRecord(metrics)}),
@@ -144,7 +157,7 @@ def train_fn(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate_fn(msg: Message, context: Context) -> Message:
     cfg, pid = _cfg(msg), int(context.node_config["partition-id"])
-    net = Net(str(context.run_config["model-norm"]))
+    net = Net(_case(context)[0])
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     val = val_data(pid)
     loss, acc = evaluate(net, val)

@@ -88,10 +88,10 @@ def read_result(result: Any, norm: str) -> dict[str, Any]:
     }
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    rc = context.run_config
-    rounds, n, norm = int(rc["num-server-rounds"]), int(rc["min-nodes"]), str(rc["model-norm"])
+def run_pass(grid: Grid, rc: Any, norm: str, samples: str) -> dict[str, Any]:
+    """Every strategy of the run config, one after the other, on the user's ``norm`` model and ``samples`` data;
+    what main() read from each Result."""
+    rounds, n = int(rc["num-server-rounds"]), int(rc["min-nodes"])
     test = test_data()
 
     def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -104,19 +104,32 @@ def main(grid: Grid, context: Context) -> None:
     reference = Net(norm).state_dict()
     out: dict[str, Any] = {"state_dict": [[k, list(v.shape), str(v.numpy().dtype)] for k, v in reference.items()],
                            "strategies": {}}
+    case = {"parity-norm": norm, "parity-samples": samples}  # which pass a message belongs to (client_app._track)
     for name in [s.strip() for s in str(rc["strategies"]).split(",") if s.strip()]:
         try:
             strategy = build(name, n, rounds)
             result = strategy.start(grid=grid, initial_arrays=ArrayRecord(reference), num_rounds=rounds,
-                                    train_config=ConfigRecord({"parity-strategy": name, **TRAIN_CONFIG}),
-                                    evaluate_config=ConfigRecord(dict(EVALUATE_CONFIG)), evaluate_fn=central)
+                                    train_config=ConfigRecord({"parity-strategy": name, **case, **TRAIN_CONFIG}),
+                                    evaluate_config=ConfigRecord({**case, **EVALUATE_CONFIG}), evaluate_fn=central)
             out["strategies"][name] = read_result(result, norm)
             diagnostics = getattr(strategy, "diagnostics", {})
             out["strategies"][name]["diagnostics"] = {str(r): sorted(m) for r, m in diagnostics.items()}
         except Exception as err:  # recorded for the test; the next strategy still runs
             out["strategies"][name] = {"error": f"{type(err).__name__}: {err}",
                                        "traceback": traceback.format_exc()[-3000:]}
-        print(f"parity: {name}: {'error ' + out['strategies'][name]['error'] if 'error' in out['strategies'][name] else 'ok'}",
-              flush=True)
+        print(f"parity [{norm}, {samples}]: {name}: "
+              f"{'error ' + out['strategies'][name]['error'] if 'error' in out['strategies'][name] else 'ok'}", flush=True)
+    return out
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    out = run_pass(grid, rc, str(rc["model-norm"]), str(rc["samples"]))
+    # the device-side passes ("norm:samples", comma-separated) in the same run: the engine starts once
+    out["device"] = {}
+    for case in [c.strip() for c in str(rc["device-passes"]).split(",") if c.strip()]:
+        norm, samples = case.split(":")
+        out["device"][case] = run_pass(grid, rc, norm, samples)
     if rc["result-path"]:
         Path(str(rc["result-path"])).write_text(json.dumps(out, indent=1))
