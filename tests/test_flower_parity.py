@@ -3,9 +3,10 @@ strategy, gets the same ``Result`` back.
 
 The app (``tests/parity_app``: the user's CNN, data, train / evaluate functions and ``@app.main()``; nothing in it
 is the library's) runs every strategy one after the other on the same 4 simulated nodes in ONE ``flwr run``, so
-the engine starts once; then every strategy again on each device-side case, in the same run. main() reads each Result as a Flower pipeline does (``load_state_dict`` on
-``result.arrays``, the metric dictionaries by round) and writes what it found; the assertions compare that with
-what Flower's own FedAvg returned, which is the independent truth here.
+the engine starts once; then every strategy again on each device-side case, in the same run. main() reads each
+Result as a Flower pipeline does (``load_state_dict`` on ``result.arrays``, the metric dictionaries by round) and
+writes what it found; the assertions compare that with what Flower's own FedAvg returned, which is the
+independent truth here.
 
 What differs, and why (docs/flower-parity.md), is asserted as such, not skipped:
 
