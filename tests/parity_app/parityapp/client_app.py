@@ -9,7 +9,8 @@ own local step.
 * Evaluation is always the user's own ``@app.evaluate()`` on the node's validation images.
 
 Which strategy a train message belongs to is in the user's own ``train_config`` (key "parity-strategy"): that it
-arrives is part of what the test checks. Every reply carries the user's own metric "user_lr_seen", the value of
+arrives is part of what the test checks. Which pass (the model's norm and the samples' shape: "parity-norm",
+"parity-samples") is in the train and evaluate configs. Every reply carries the user's own metric "user_lr_seen", the value of
 the user's "user-lr" as received.
 """
 
