@@ -113,8 +113,8 @@ def test_inprocess_resume_equals_uninterrupted(tmp_path: Path, algorithm: str, e
     _assert_same_run(tmp_path / "whole", tmp_path / "resumed")
 
 
-DPQ = {"plot": False, "algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5, "clients-per-round": 5,
-       "dpq-horizon": 2000, "samples-per-client": 200, "dpq-eval-limit": 200, "eval-every": 2, "num-server-rounds": 4}
+DPQ = {"plot": False, "algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5,
+       "clients-per-round": 5, "dpq-horizon": 2000, "samples-per-client": 200, "dpq-eval-limit": 200, "eval-every": 2, "num-server-rounds": 4}
 
 
 def test_inprocess_dpq_resume_equals_uninterrupted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,8 +10,8 @@ own local step.
 
 Which strategy a train message belongs to is in the user's own ``train_config`` (key "parity-strategy"): that it
 arrives is part of what the test checks. Which pass (the model's norm and the samples' shape: "parity-norm",
-"parity-samples") is in the train and evaluate configs. Every reply carries the user's own metric "user_lr_seen", the value of
-the user's "user-lr" as received.
+"parity-samples") is in the train and evaluate configs. Every reply carries the user's own metric "user_lr_seen",
+the value of the user's "user-lr" as received.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _track(msg: Message, context: Context, name: str | None = None) -> str:
     """The strategy this node now serves (``name``, else the message's "parity-strategy", else the last one). The
     node's context.state lives for the whole Flower run, and main() runs one strategy after the other: the user's
     app starts each strategy's state afresh (the secure records when a new secure run label appears, everything
-    else when a new strategy name does)."""
+    else when a new strategy name or a new pass does)."""
     cfg, rc = _cfg(msg), context.run_config
     first = ConfigRecord({"strategy": "", "run": "", "norm": str(rc["model-norm"]), "samples": str(rc["samples"])})
     track = dict(context.state.config_records.get(TRACK, first))

@@ -88,11 +88,10 @@ def read_result(result: Any, norm: str) -> dict[str, Any]:
     }
 
 
-def run_pass(grid: Grid, rc: Any, norm: str, samples: str) -> dict[str, Any]:
-    """Every strategy of the run config, one after the other, on the user's ``norm`` model and ``samples`` data;
-    what main() read from each Result."""
+def run_pass(grid: Grid, rc: Any, test: Any, norm: str, samples: str) -> dict[str, Any]:
+    """Every strategy of the run config, one after the other, on the user's ``norm`` model and ``samples`` data
+    (central evaluation on ``test``); what main() read from each Result."""
     rounds, n = int(rc["num-server-rounds"]), int(rc["min-nodes"])
-    test = test_data()
 
     def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         net = Net(norm)
@@ -125,11 +124,12 @@ def run_pass(grid: Grid, rc: Any, norm: str, samples: str) -> dict[str, Any]:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    out = run_pass(grid, rc, str(rc["model-norm"]), str(rc["samples"]))
+    test = test_data()
+    out = run_pass(grid, rc, test, str(rc["model-norm"]), str(rc["samples"]))
     # the device-side passes ("norm:samples", comma-separated) in the same run: the engine starts once
     out["device"] = {}
     for case in [c.strip() for c in str(rc["device-passes"]).split(",") if c.strip()]:
         norm, samples = case.split(":")
-        out["device"][case] = run_pass(grid, rc, norm, samples)
+        out["device"][case] = run_pass(grid, rc, test, norm, samples)
     if rc["result-path"]:
         Path(str(rc["result-path"])).write_text(json.dumps(out, indent=1))
