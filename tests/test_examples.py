@@ -6,13 +6,25 @@ example is ``pip install``-ed by its own pyproject.toml into a fresh virtual env
 ``fedpdm-flower`` resolves offline to the wheel built from this checkout (tests/installed.py). Their SuperLink,
 ServerApp and ClientApps run in that environment, without PYTHONPATH and outside the checkout, so they import the
 installed wheel. Each example's ServerApp writes its final central evaluation to the run config's ``result-path``.
+
+Every example app runs through ``flwr run`` on the installed wheel at least once. An app's further configurations
+(:data:`IN_PROCESS`: the same ServerApp and ClientApp code with another strategy or wrapper picked by its run
+config) run that code in this process instead, on a :class:`simulations.inprocess.LocalGrid` (one Context per node,
+every message deep-copied on the way), and must clear the same floors, which were measured that way. Through
+``flwr run`` each of them cost 15-20 s of CPU more than its rounds (a simulation process and a Ray actor importing
+Flower, Ray and torch), and what they would add there is covered elsewhere: every strategy and wrapper runs through
+``flwr run`` in tests/test_flower_parity.py, every algorithm on the checkout's own app in the other Flower tests, and
+the installed apps' DP-SGD devices in the configurations kept here.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import json
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +33,6 @@ from installed import InstalledEnv, clean_env
 
 from simulations.deploy import LocalSimulation
 from simulations.flower_driver import ROOT, run_flower
-
-pytestmark = [pytest.mark.flower, pytest.mark.install]
 
 #: test id -> (example directory, run-config overrides, SuperNodes, metric in result-path, the value it must beat)
 EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
@@ -87,6 +97,7 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], int, str, float]] = {
 }
 
 
+@pytest.mark.install
 def test_the_examples_dependency_resolved_to_the_wheel_not_the_checkout(installed_env: InstalledEnv) -> None:
     """Every example's ``pip install`` pulled ``fedpdm-flower`` from the wheel into the fresh environment, and the
     package imported there is that copy: a user's environment, not this checkout."""
@@ -101,17 +112,28 @@ def test_the_examples_dependency_resolved_to_the_wheel_not_the_checkout(installe
     assert not direct.exists()  # found by name on --find-links, as a registry would serve it: not a path install
 
 
-#: the runs of many SuperNodes (24 ClientApps, minutes of wall time on 2 cores) run in `make test-slow`
+#: the runs of many SuperNodes (24 ClientApps, minutes of wall time on 2 cores) run in `make test-deploy`
 SLOW = {"wrapped[distributed-dp]"}
+#: configurations of an app that also runs through ``flwr run`` here (module docstring): dp_seeds runs BSDP-FedPDM
+#: there, wrapped_fedavg the secure composition with DP-SGD devices
+IN_PROCESS = {"dp_seeds[dp-recal]", "dp_seeds[dpq-dsgd]", "dp_seeds[dp-iadmm]", "wrapped[compressed,robust]"}
+assert {EXAMPLES[n][0] for n in IN_PROCESS} <= {EXAMPLES[n][0] for n in set(EXAMPLES) - IN_PROCESS - SLOW}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(EXAMPLES)])
+def _masked(folder: str, overrides: dict[str, Any]) -> bool:
+    return any(w in str(overrides.get("wrappers", "")) for w in ("secure", "distributed-dp")) or folder == "fedrep_cnn"
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in sorted(set(EXAMPLES) - IN_PROCESS)])
+@pytest.mark.flower
+@pytest.mark.install
 def test_example_runs_through_flwr_and_learns(name: str, installed_env: InstalledEnv,
                                               installed_simulation: LocalSimulation, tmp_path: Path) -> None:
-    folder, overrides, nodes, metric, floor = EXAMPLES[name]
+    folder, overrides, nodes, _, _ = EXAMPLES[name]
     out = tmp_path / "result.json"
-    masked = any(w in str(overrides.get("wrappers", "")) for w in ("secure", "distributed-dp")) or folder == "fedrep_cnn"
-    if masked:  # the operator provisions the nodes' identities and trust store beforehand (the installed app's tool)
+    if _masked(folder, overrides):  # the operator provisions the nodes' identities and trust store beforehand (the
+        # installed app's tool)
         subprocess.run([str(installed_env.python), "-m", f"{folder}.provision", str(tmp_path / "keys"), str(nodes)],
                        cwd=tmp_path, env=clean_env(), check=True)
         overrides = {**overrides, "keys-dir": str(tmp_path / "keys")}
@@ -119,8 +141,44 @@ def test_example_runs_through_flwr_and_learns(name: str, installed_env: Installe
                      connection=installed_simulation.connection, env=installed_simulation.env, simulation=True,
                      app=ROOT / "examples" / folder, results_name=None, stream=False, timeout=600)
     assert run.status == "finished:completed", run.log[-3000:]
-    result = json.loads(out.read_text())
+    _check_result(name, json.loads(out.read_text()))
+
+
+def run_example_in_process(folder: str, overrides: dict[str, Any], nodes: int, tmp_path: Path) -> dict[str, Any]:
+    """The example's own ServerApp (``server_app.app``) over a LocalGrid of ``nodes`` of its own ClientApp, with its
+    pyproject's run config and ``overrides``, in this process; returns what it wrote to ``result-path``."""
+    from flwr.app import Context, RecordDict
+
+    from simulations.inprocess import LocalGrid
+
+    app_dir = ROOT / "examples" / folder
+    base = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert not _masked(folder, overrides), "the masked configurations run through flwr run (their keys)"
+    out = tmp_path / "result.json"
+    rc = {**base, **overrides, "result-path": str(out)}
+    sys.path.insert(0, str(app_dir))
+    try:
+        client_app = importlib.import_module(f"{folder}.client_app").app
+        server_app = importlib.import_module(f"{folder}.server_app").app
+        server_app(LocalGrid(client_app, nodes, run_config=rc),
+                   Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    finally:
+        sys.path.remove(str(app_dir))
+    return dict(json.loads(out.read_text()))
+
+
+@pytest.mark.parametrize("name", sorted(IN_PROCESS))
+def test_example_configuration_learns_in_process(name: str, tmp_path: Path) -> None:
+    folder, overrides, nodes, _, _ = EXAMPLES[name]
+    _check_result(name, run_example_in_process(folder, overrides, nodes, tmp_path))
+
+
+def _check_result(name: str, result: dict[str, Any]) -> None:
+    """The example learnt (its metric above the floor) and reported what its configuration promises."""
+    _, overrides, nodes, metric, floor = EXAMPLES[name]
     assert result[metric] > floor, result
+    if name.startswith("dp_seeds["):  # every device's record-level DP-SGD within the app's epsilon (8)
+        assert 0 < result["privacy"]["epsilon"] <= 8.0, result
     if "dpsgd-epsilon" in overrides:  # each device calibrated for the 3 rounds and took part in all: its Opacus
         # ledger spent its budget, not more (record-level, reported by the devices)
         assert result["privacy"]["unit"] == "record"
@@ -136,20 +194,15 @@ def test_example_runs_through_flwr_and_learns(name: str, installed_env: Installe
         assert totals["secure.buffers_discarded"] == 0, totals
 
 
-def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(installed_simulation: LocalSimulation,
-                                                                      tmp_path: Path) -> None:
+def test_central_dp_runs_in_a_users_app_and_spends_exactly_its_target(tmp_path: Path) -> None:
     # CentralDP around the user's FedAvg, 10 nodes, q = 0.5, epsilon 8 over 3 rounds. Client-level DP with 10
     # clients is noise-dominated (z C / (q N) per coordinate; measured 0.07-0.08 accuracy, 2 runs), so this checks
     # the run and its accounting, not learning (`bench --suite dp-anchor` shows it learning with 1,000 clients):
-    # each node trains on 60 images (6 batches of 10) instead of the app's 600, which the accounting does not see
-    out = tmp_path / "result.json"
-    run = run_flower({"wrappers": "central-dp", "min-nodes": 10, "dp-epsilon": 8.0, "dp-sample-rate": 0.5,
-                      "samples-per-node": 60, "batch-size": 10,
-                      "result-path": str(out)}, tmp_path, num_supernodes=10, connection=installed_simulation.connection,
-                     env=installed_simulation.env, simulation=True, app=ROOT / "examples" / "wrapped_fedavg", results_name=None,
-                     stream=False, timeout=600)
-    assert run.status == "finished:completed", run.log[-3000:]
-    result = json.loads(out.read_text())
+    # each node trains on 60 images (6 batches of 10) instead of the app's 600, which the accounting does not see.
+    # In process, like IN_PROCESS (CentralDP runs through flwr run in tests/test_flower_parity.py)
+    result = run_example_in_process("wrapped_fedavg", {"wrappers": "central-dp", "min-nodes": 10, "dp-epsilon": 8.0,
+                                                       "dp-sample-rate": 0.5, "samples-per-node": 60,
+                                                       "batch-size": 10}, 10, tmp_path)
     privacy = result["privacy"]
     assert privacy["accountant"] == "pld" and privacy["unit"] == "client" and privacy["releases"] == 3
     assert 7.99 < privacy["epsilon"] <= 8.0 and privacy["delta"] == 1e-5  # z calibrated to spend the target
