@@ -1,7 +1,7 @@
 # Two commands (README): `make run` = set-up + the default federated simulation; `make test` = set-up + tests.
 # Both are idempotent: the virtual env and the offline data are installed once (stamp file) and reused.
-# `make test` runs every test except the real loopback deployments (marker `deployment`), on PYTEST_WORKERS
-# processes (pytest-xdist); `make test-deploy` runs those after it (CI: .ci/run runs both);
+# `make test` runs every test except the long real-process ones (markers `deployment` and `slow`), on PYTEST_WORKERS
+# processes (pytest-xdist); `make test-deploy` runs those after it, in one session (CI: .ci/run runs both);
 # `make test-fast` is the inner loop: neither Flower simulations nor deployments.
 SHELL := /bin/bash
 VENV ?= .venv
@@ -51,15 +51,16 @@ run: setup
 test: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not deployment and not slow" $(PYTEST_ARGS)
 
-# long real-process tests (killed and resumed runs): CI runs them after `make test`
+# the long real-process tests, two at a time in one session (CI runs them after `make test`): real SuperLink +
+# SuperNode processes on loopback (`deployment`: TLS, node auth, killed nodes, data-path devices) and the simulations
+# killed and resumed (`slow`). One session, not one per marker: the workers start once, and the shorter simulations
+# fill in beside the long deployments instead of waiting for the last of them
+test-deploy: setup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "deployment or slow" $(PYTEST_ARGS)
+
+# only the killed-and-resumed simulations (part of `make test-deploy`)
 test-slow: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "slow and not deployment" $(PYTEST_ARGS)
-
-# real SuperLink + SuperNode processes on loopback (TLS, node auth, killed nodes, data-path devices), two at a time:
-# much of a deployment's time is its daemons' polling intervals, so two overlap well (on 2 cores: 523 s against 660 s
-# one at a time)
-test-deploy: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m deployment $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not deployment and not slow and not flower and not install" $(PYTEST_ARGS)

@@ -42,7 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "deployment: starts a real SuperLink and SuperNodes on loopback (slow); "
                                        "left out of `make test`, run by `make test-deploy` (CI runs both)")
     config.addinivalue_line("markers", "slow: a long real-process test (a minute or more, e.g. a killed and resumed "
-                                       "simulation); left out of `make test`, run by `make test-slow` (CI runs it)")
+                                       "simulation); left out of `make test`, run by `make test-deploy` (CI runs both)")
     config.addinivalue_line("markers", "install: builds the wheel and installs it into a fresh virtual environment")
 
 
@@ -193,7 +193,7 @@ def installed_simulation(installed_env: InstalledEnv, tmp_path_factory: pytest.T
 #: the tests that run the installed environment go to one xdist worker (one group): only that process builds
 #: ``installed_simulation`` (a SuperLink and a Ray cluster: about 8 s of start-up on an idle machine and a few
 #: percent of a core while they idle), and the other never waits for ``installed_env`` to be built. xdist hands
-#: out the largest groups first, so these 15 long runs start at once and the short tests fill in around them.
+#: out the largest groups first, so these long runs start at once and the short tests fill in around them.
 INSTALLED_GROUP = "installed"
 
 
