@@ -40,6 +40,7 @@ def build(rc: Mapping[str, Any]) -> Strategy:
     if mode == "fedpdm":
         eps = float(rc["epsilon"])
         return BSDPFedPDM(fraction_train=0.75, min_train_nodes=2, min_available_nodes=n, first_round_all=True,
+                          fraction_evaluate=1.0 if rc["client-eval"] else 0.0,
                           rho=1.0, gamma=0.0, eta0=0.5, max_local_steps=5, uplink=RandK(0.5), downlink=TopK(0.75),
                           privacy=GaussianTarget(epsilon=eps, delta=1e-5, clip_norm=1.0) if eps > 0 else None,
                           seed=int(rc["seed"]), require_partition_ids=True)
