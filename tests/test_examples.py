@@ -186,7 +186,8 @@ def _check_result(name: str, result: dict[str, Any]) -> None:
     if "dpsgd-epsilon" in overrides:  # each device calibrated for the 3 rounds and took part in all: its Opacus
         # ledger spent its budget, not more (record-level, reported by the devices)
         assert result["privacy"]["unit"] == "record"
-        assert float(overrides["dpsgd-epsilon"]) - 0.01 < result["privacy"]["epsilon"] <= float(overrides["dpsgd-epsilon"])
+        target = float(overrides["dpsgd-epsilon"])
+        assert target - 0.01 < result["privacy"]["epsilon"] <= target
     if "distributed-dp" in str(overrides.get("wrappers", "")):  # the server's Skellam accountant kept the target
         assert result["privacy"]["accountant"] == "skellam-rdp" and result["privacy"]["releases"] == 3
         assert result["privacy"]["epsilon"] <= float(overrides["dp-epsilon"]) + 1e-9

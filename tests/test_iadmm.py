@@ -532,8 +532,7 @@ def test_context_state_only() -> None:
 
 
 @pytest.mark.flower
-@pytest.mark.parametrize("algorithm", ["objpm"])
-def test_flower_simulation_equals_inprocess_driver(tmp_path: Path, algorithm: str) -> None:
+def test_flower_simulation_equals_inprocess_driver(tmp_path: Path) -> None:
     """Same final model, per-round accuracy, privacy and bytes (floats within a few ulps across processes,
     tests/crossproc.py); duals checked every round.
 
@@ -543,7 +542,7 @@ def test_flower_simulation_equals_inprocess_driver(tmp_path: Path, algorithm: st
     from fedpdm_flower.fedapp.runner import finish
     from simulations.flower_driver import run_flower
 
-    raw = {**SMALL, "algorithm": algorithm, "num-server-rounds": 4}
+    raw = {**SMALL, "algorithm": "objpm", "num-server-rounds": 4}
     # FEDAPP_FLWR_CONNECTION names a simulation SuperLink in $FLWR_HOME/config.toml when the default local one is
     # taken (a local SuperLink started from another checkout serves that checkout's installed code)
     connection = os.environ.get("FEDAPP_FLWR_CONNECTION") or None

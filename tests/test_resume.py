@@ -114,7 +114,8 @@ def test_inprocess_resume_equals_uninterrupted(tmp_path: Path, algorithm: str, e
 
 
 DPQ = {"plot": False, "algorithm": "dpq-dsgd", "dataset": "mnist", "model": "lenet5-valid", "num-clients": 5,
-       "clients-per-round": 5, "dpq-horizon": 2000, "samples-per-client": 200, "dpq-eval-limit": 200, "eval-every": 2, "num-server-rounds": 4}
+       "clients-per-round": 5, "dpq-horizon": 2000, "samples-per-client": 200, "dpq-eval-limit": 200, "eval-every": 2,
+       "num-server-rounds": 4}
 
 
 def test_inprocess_dpq_resume_equals_uninterrupted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,7 +169,7 @@ def test_flower_resume_equals_uninterrupted(tmp_path: Path) -> None:
     The stopped run and the uninterrupted one are the in-process driver's, which tests/test_flower.py pins to the
     Flower simulation: the ServerApp writes its checkpoint, and the devices their snapshots, with the same code in
     either driver (tests/test_resume_kill.py SIGKILLs a ServerApp process inside `flwr run` and resumes it). One
-    `flwr run`, not three, on a shared machine."""
+    `flwr run`, not two, on a shared machine."""
     from simulations.flower_driver import run_flower
 
     cfg = {**FEDPDM, "num-server-rounds": 4, "client-state-dir": str(tmp_path / "devices")}

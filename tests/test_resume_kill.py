@@ -30,8 +30,8 @@ the round is done again: tests/test_checkpointed.py). The truth is the same app 
 `flwr run`s, not three.
 
 Each simulation test is as short as its point allows -- 3 rounds (one before the kill, the killed one done again,
-one more after it), 4 nodes (6 under SecureBuffers) of 100 examples -- and carries the ``slow`` marker (``make test-deploy``): most of its
-time is the two `flwr run`s' start-up, not the rounds.
+one more after it), 4 nodes (6 under SecureBuffers) of 100 examples -- and carries the ``slow`` marker
+(``make test-deploy``): most of its time is the two `flwr run`s' start-up, not the rounds.
 
 The ``deployment`` tests do the same on real loopback processes (TLS + SuperNode authentication): BSDP-FedPDM with
 the devices' snapshot directories in their node config; and a SuperNode SIGKILLed and restarted at once under a
