@@ -16,6 +16,7 @@ from fedpdm_flower.fedapp.algorithms.iadmm import (
     gradient,
     products_dtype,
     residual,
+    residual_gradient,
 )
 from fedpdm_flower.fedapp.data import load_partition
 
@@ -51,6 +52,33 @@ def test_float32_products_match_float64_without_upcasting_the_data(backend: str,
     assert d32 == pytest.approx(d64, rel=1e-5)
 
 
+@pytest.mark.parametrize("sensitivity", [None, "clipped"])
+def test_blocked_float32_products_equal_the_closed_form(sensitivity: str | None, monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """The numpy backend's float32 residual and gradient, computed block by block over X_p's rows (FUSED_ROWS, a
+    partial last block here: 3,000 = 5 x 512 + 440), against the closed form in float64 written out here, with and
+    without the per-sample L1 clipping of the "clipped" mode (each x_i (h_i - y_i)^T scaled to L1 norm <= C)."""
+    monkeypatch.setenv("FEDAPP_IADMM_BACKEND", "numpy")
+    a64, a32 = _agent("float64"), _agent("float32")
+    z = np.random.default_rng(5).normal(0.0, 0.05, size=a64.shape)
+    s = a64.inputs @ z.T
+    h = np.exp(s - s.max(axis=1, keepdims=True))
+    r = h / h.sum(axis=1, keepdims=True) - np.eye(10)[a64.labels]
+    clip = 20.0
+    if sensitivity == "clipped":  # ||x_i (h_i - y_i)^T||_1 = ||x_i||_1 ||h_i - y_i||_1
+        norms = np.abs(a64.inputs).sum(axis=1) * np.abs(r).sum(axis=1)
+        assert (norms > clip).mean() > 0.5  # the clipping does act on most samples
+        r = r * np.minimum(1.0, clip / norms)[:, None]
+    want = r.T @ a64.inputs / 60_000 + 2e-6 / 20 * z
+    res, g = residual_gradient(a32, z, None, MultinomialObjective(a32, sensitivity, clip)._clip_rows
+                               if sensitivity else None)
+    assert res.dtype == np.float32 and g.dtype == np.float64
+    np.testing.assert_allclose(res, r, rtol=0, atol=1e-6)
+    assert np.max(np.abs(g - want)) <= 1e-5 * np.max(np.abs(want))
+    g_obj, _ = MultinomialObjective(a32, sensitivity, clip).terms(z.ravel())
+    np.testing.assert_array_equal(g_obj, g.ravel())  # the local solve reads the same blocked products
+
+
 def test_precision_follows_the_features_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     x64, x32 = np.zeros((2, 3)), np.zeros((2, 3), dtype=np.float32)
     monkeypatch.delenv(DTYPE_VAR, raising=False)
@@ -78,3 +106,21 @@ def test_float32_test_error_within_a_tenth_of_a_point_of_float64(monkeypatch: py
         errors[dtype] = 100.0 * (1.0 - strategy.history[-1].test_accuracy)
     assert errors["float64"] < 20.0  # it did learn
     assert abs(errors["float32"] - errors["float64"]) <= 0.1, errors
+
+
+def test_the_bench_floors_blocked_and_plain_compute_the_same_round() -> None:
+    """``bench --suite iadmm`` times two numpy floors; blocking the rows changes the order of the sums, not the round."""
+    from simulations.benchmark import _numpy_floor_round
+
+    rng = np.random.default_rng(2)
+    xs = [rng.random((700, 30), dtype=np.float32) for _ in range(3)]
+    ys = [np.eye(4, dtype=np.float32)[rng.integers(0, 4, 700)] for _ in range(3)]
+    runs = []
+    for block in (None, 256):
+        zs, lams, w = [np.zeros((4, 30)) for _ in xs], [np.zeros((4, 30)) for _ in xs], np.zeros((4, 30))
+        for _ in range(3):
+            w = _numpy_floor_round(xs, ys, zs, lams, w, total=2_100, beta=1e-6, rho=10.0, eta=0.1, block=block)
+        runs.append((w, zs, lams))
+    assert np.abs(runs[0][0]).max() > 1e-4  # the rounds moved w (4.9e-4 here)
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.stack(runs[1][1]), np.stack(runs[0][1]), rtol=1e-5, atol=1e-7)

@@ -383,6 +383,47 @@ def gradient(data: AgentData, z: FloatArray, res: FloatArray, normaliser: float 
     return np.asarray(xr, dtype=np.float64) / n + (2.0 * data.beta / data.num_agents) * np.asarray(z, dtype=np.float64)
 
 
+#: rows of X_p per block of :func:`residual_gradient` (float32): a 512 x 784 block is 1.6 MB, so the gradient's
+#: product reads it again from the 8 MB L3 cache right after the scores' product, not from memory. Measured here,
+#: one thread, 6,000 x 784 float32: 9.8 ms for both products blocked against 11.9 ms unblocked (256: 10.1 ms,
+#: 1,024: 10.3 ms).
+FUSED_ROWS = 512
+
+
+def residual_gradient(data: AgentData, z: FloatArray, normaliser: float | None = None,
+                      adjust: Any = None) -> tuple[FloatArray, FloatArray]:
+    """:func:`residual` and then :func:`gradient` at the same z: ``(H_p(z) - Y_p, f_p'(z))``.
+
+    ``adjust(res_rows, rows)`` (optional) rescales rows of the residual before the gradient reads them (the
+    per-sample clipping of ``"clipped"``); the returned residual is the adjusted one. With float32 products on the
+    numpy backend both products run block by block over :data:`FUSED_ROWS` rows of X_p, the same arithmetic
+    summed in another order (the gradient's rounding moves at float32's 1e-7). The float64 mode and the torch
+    backend call :func:`residual` and :func:`gradient` as they are, so the float64 references stay exact.
+    """
+    if data._inputs_t is not None or data.dtype != np.float32:
+        res = residual(data, z)
+        if adjust is not None:
+            res = adjust(res, slice(None))
+        return res, gradient(data, z, res, normaliser)
+    x, n = data.inputs, data.total if normaliser is None else normaliser
+    zt = np.asarray(z, dtype=np.float32).T
+    res = np.empty((x.shape[0], zt.shape[1]), dtype=np.float32)
+    xr = np.zeros((zt.shape[1], x.shape[1]), dtype=np.float32)
+    for lo in range(0, x.shape[0], FUSED_ROWS):
+        rows = slice(lo, lo + FUSED_ROWS)
+        s = res[rows]
+        np.matmul(x[rows], zt, out=s)
+        s -= s.max(axis=1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=1, keepdims=True)
+        s -= data.onehot[rows]
+        if adjust is not None:
+            s[...] = adjust(s, rows)
+        xr += s.T @ x[rows]
+    g = np.asarray(xr, dtype=np.float64) / n + (2.0 * data.beta / data.num_agents) * np.asarray(z, dtype=np.float64)
+    return res, g
+
+
 def objective(data: AgentData, z: FloatArray) -> float:
     """f_p(z) of (2c)/(63): ``-(1/I) sum_i ln h_{y_i}(z; x_i) + (beta / P) ||z||^2``; sum over p gives (1)."""
     s = np.asarray(data.inputs @ np.asarray(z, dtype=data.dtype).T, dtype=np.float64)  # I_p x K scores, then float64
@@ -484,14 +525,15 @@ class MultinomialObjective:
     def size(self) -> int:
         return self.data.size
 
+    def _clip_rows(self, res: FloatArray, rows: slice) -> FloatArray:
+        """Residual rows scaled so that every per-sample gradient x_i (h_i - y_i)^T has norm <= clip."""
+        assert self._input_norm is not None
+        rnorm = np.abs(res).sum(axis=1) if self.norm == 1 else np.sqrt(np.einsum("ik,ik->i", res, res))
+        return res * clip_factors(self._input_norm[rows] * rnorm, self.clip).astype(res.dtype)[:, None]
+
     def terms(self, z: FloatArray) -> tuple[FloatArray, float]:
         data, zs = self.data, z.reshape(self.data.shape)
-        res = residual(data, zs)
-        if self.sensitivity == "clipped":
-            assert self._input_norm is not None
-            rnorm = np.abs(res).sum(axis=1) if self.norm == 1 else np.sqrt(np.einsum("ik,ik->i", res, res))
-            res = res * clip_factors(self._input_norm * rnorm, self.clip).astype(res.dtype)[:, None]
-        g = gradient(data, zs, res, self.normaliser)
+        res, g = residual_gradient(data, zs, self.normaliser, self._clip_rows if self.sensitivity == "clipped" else None)
         if self.sensitivity == "paper":
             delta = sensitivity_paper(data, res)
         elif self.sensitivity == "bounded":
