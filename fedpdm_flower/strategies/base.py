@@ -641,8 +641,11 @@ class RoundBookkeeping:
     def bookkeeping_state(self) -> dict[str, Any]:
         """The bookkeeping a resumed run needs: the history, the clients' privacy figures, the server-side
         accountants (as the events composed into them, replayed on load), the rejection and retry counters."""
+        from fedpdm_flower.fedapp.checkpoint import Journal
+
         return {
-            "history": [dataclasses.asdict(r) for r in self.history],
+            # one record a round, never changed after its round: written once each, not into every checkpoint
+            "history": Journal(self.history, convert=dataclasses.asdict),
             "client_privacy": self.client_privacy,
             "rejected_total": self.rejected_total,
             "releases": self._releases,
