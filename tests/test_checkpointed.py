@@ -474,6 +474,10 @@ def test_a_resumed_result_is_the_strategys_own_start_result(tmp_path: Path) -> N
     assert [resumed.train_metrics_clientapp[r]["user_tag"] for r in range(1, ROUNDS + 1)] == pytest.approx([7.0] * 4)
     assert [resumed.evaluate_metrics_clientapp[r]["user_eval_tag"] for r in range(1, ROUNDS + 1)] == pytest.approx(
         [3.0] * 4)
+    # the Result's per-round metrics are journals beside state.json (one line a round, written once), not inline
+    doc = json.loads((tmp_path / "robust" / "state.json").read_text())
+    assert [j["entries"] for j in doc["journals"]] == [ROUNDS, ROUNDS, ROUNDS + 1]  # train, evaluate, evaluate_fn
+    assert all(set(doc["state"]["result"][k]) == {"__journal__"} for k in ("train", "evaluate", "server"))
 
     import tomllib
 

@@ -66,6 +66,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedpdm_flower.fedapp.checkpoint import (
     STATE_FILE,
     CheckpointError,
+    Journal,
     config_differences,
     read_checkpoint,
     write_checkpoint,
@@ -239,12 +240,20 @@ def _arrays_record(data: Mapping[str, Any]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in data.items()})
 
 
-def _metrics_data(history: Mapping[int, MetricRecord]) -> dict[int, dict[str, Any]]:
-    return {int(r): dict(m) for r, m in history.items()}
+def _round_metrics(item: tuple[int, MetricRecord]) -> list[Any]:
+    return [int(item[0]), dict(item[1])]
 
 
-def _metrics_history(data: Mapping[Any, Any]) -> dict[int, MetricRecord]:
-    return {int(r): MetricRecord(dict(m)) for r, m in data.items()}
+def _metrics_data(history: Mapping[int, MetricRecord]) -> Journal:
+    """A Result's {round: MetricRecord} as a journal of [round, metrics] entries: each round's written once, not in
+    every checkpoint (a long run's state.json would grow with the round)."""
+    return Journal(sorted(history.items()), convert=_round_metrics)
+
+
+def _metrics_history(data: Any) -> dict[int, MetricRecord]:
+    """The inverse of :func:`_metrics_data` (also the {round: metrics} dict of checkpoints written before journals)."""
+    pairs = data.items() if isinstance(data, Mapping) else data
+    return {int(r): MetricRecord(dict(m)) for r, m in pairs}
 
 
 def _layout_text(record: ArrayRecord) -> str:
