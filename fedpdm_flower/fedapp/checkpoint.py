@@ -80,8 +80,8 @@ class Journal(list[Any]):
 
 #: journal file -> (entries committed, bytes committed, SHA-256 of those bytes, the last entry's line, file identity):
 #: what this process last wrote, so that the next checkpoint appends only the new entries. A file whose identity
-#: (inode, size) changed, a shorter journal or a changed last entry is written anew in full.
-_JOURNALS: dict[str, tuple[int, int, Any, bytes, tuple[int, int]]] = {}
+#: (inode, size, modification time) changed, a shorter journal or a changed last entry is written anew in full.
+_JOURNALS: dict[str, tuple[int, int, Any, bytes, tuple[int, int, int]]] = {}
 
 
 def _journal_line(entry: Any, convert: Any) -> bytes:
@@ -103,9 +103,9 @@ def _write_journal(path: Path, journal: Journal) -> dict[str, Any]:
     cached = _JOURNALS.get(key)
     try:
         st = path.stat()
-        ident = (st.st_ino, st.st_size)
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
-        ident = (-1, -1)
+        ident = (-1, -1, -1)
     fresh = (cached is None or cached[4] != ident or len(journal) < cached[0]
              or (cached[0] > 0 and _journal_line(journal[cached[0] - 1], journal.convert) != cached[3]))
     if fresh:  # the whole journal, through a temporary file (O(T) once per process, then O(1) a round)
@@ -128,7 +128,7 @@ def _write_journal(path: Path, journal: Journal) -> dict[str, Any]:
         hasher.update(blob)
         n, size, last = len(journal), size + len(blob), lines[-1] if lines else last
     st = path.stat()
-    _JOURNALS[key] = (n, size, hasher, last, (st.st_ino, st.st_size))
+    _JOURNALS[key] = (n, size, hasher, last, (st.st_ino, st.st_size, st.st_mtime_ns))
     return {"file": path.name, "entries": n, "bytes": size, "sha256": hasher.hexdigest()}
 
 
