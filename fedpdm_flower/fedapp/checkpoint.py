@@ -77,6 +77,10 @@ class Journal(list[Any]):
         super().__init__(items)
         self.convert = convert
 
+    def data(self, entry: Any) -> Any:
+        """``entry`` as the JSON-able data a checkpoint writes (``convert`` applied)."""
+        return self.convert(entry) if self.convert is not None else entry
+
 
 #: journal file -> (entries committed, bytes committed, SHA-256 of those bytes, the last entry's line, file identity):
 #: what this process last wrote, so that the next checkpoint appends only the new entries. A file whose identity
@@ -84,8 +88,8 @@ class Journal(list[Any]):
 _JOURNALS: dict[str, tuple[int, int, Any, bytes, tuple[int, int, int]]] = {}
 
 
-def _journal_line(entry: Any, convert: Any) -> bytes:
-    data = encode_state(convert(entry) if convert is not None else entry, _NO_ARRAYS)
+def _journal_line(journal: Journal, entry: Any) -> bytes:
+    data = encode_state(journal.data(entry), _NO_ARRAYS)
     return (json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
@@ -107,9 +111,9 @@ def _write_journal(path: Path, journal: Journal) -> dict[str, Any]:
     except FileNotFoundError:
         ident = (-1, -1, -1)
     fresh = (cached is None or cached[4] != ident or len(journal) < cached[0]
-             or (cached[0] > 0 and _journal_line(journal[cached[0] - 1], journal.convert) != cached[3]))
+             or (cached[0] > 0 and _journal_line(journal, journal[cached[0] - 1]) != cached[3]))
     if fresh:  # the whole journal, through a temporary file (O(T) once per process, then O(1) a round)
-        lines = [_journal_line(e, journal.convert) for e in journal]
+        lines = [_journal_line(journal, e) for e in journal]
         blob = b"".join(lines)
         atomic_write(path, blob)
         hasher = hashlib.sha256(blob)
@@ -117,7 +121,7 @@ def _write_journal(path: Path, journal: Journal) -> dict[str, Any]:
     else:
         assert cached is not None
         n, size, hasher, last, _ = cached
-        lines = [_journal_line(e, journal.convert) for e in journal[n:]]
+        lines = [_journal_line(journal, e) for e in journal[n:]]
         blob = b"".join(lines)
         with open(path, "r+b") as fh:
             fh.truncate(size)  # bytes past the committed length: a crash after an append, before its state.json
@@ -163,7 +167,7 @@ def encode_state(obj: Any, arrays: dict[str, np.ndarray[Any, Any]], prefix: str 
         journals.append(obj)
         return {"__journal__": len(journals) - 1}
     if isinstance(obj, Journal):
-        obj = [obj.convert(e) if obj.convert is not None else e for e in obj]
+        obj = [obj.data(e) for e in obj]
     if isinstance(obj, np.ndarray):
         name = f"{prefix}{len(arrays)}"
         arrays[name] = np.array(obj, copy=True)
