@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,18 @@ def test_lazy_reexports_still_resolve() -> None:
         import fedpdm_flower.fedapp.data
 
         _ = fedpdm_flower.fedapp.data.nope  # type: ignore[attr-defined]
+
+
+def test_no_strategy_or_client_module_imports_torch() -> None:
+    """A ServerApp or a device whose model is not torch pays nothing for torch (about 2.3 s of CPU to import, on
+    every message of a deployment, where each message is a fresh `flwr-clientapp` process): the modules import it
+    where a torch model is trained or built. FedREP's server side (server_step, model_crc, ...) is numpy."""
+    import fedpdm_flower.clients
+    import fedpdm_flower.strategies
+
+    mods = [f"{pkg.__name__}.{p.stem}" for pkg in (fedpdm_flower.strategies, fedpdm_flower.clients)
+            for p in sorted(Path(pkg.__file__).parent.glob("*.py")) if p.stem != "__init__"]
+    assert "fedpdm_flower.strategies.fedrep" in mods and "fedpdm_flower.clients.fedrep" in mods
+    code = f"import importlib, sys\nfor m in {mods!r}: importlib.import_module(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

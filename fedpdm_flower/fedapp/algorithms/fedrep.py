@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from fedpdm_flower.fedapp.layout import NORM_BUFFERS, ArrayLayout, FloatArray
@@ -121,6 +120,8 @@ def local_momentum_sgd(
     cursor, permutation
         Data order (see :func:`next_batch`).
     """
+    import torch  # here, not at the top: the server side of FedREP (server_step, model_crc, ...) is numpy only
+
     model.set_flat(w0)
     m = torch.zeros(model.num_trainable) if momentum is None else torch.from_numpy(np.array(momentum, dtype=np.float32))
     losses = []
