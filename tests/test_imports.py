@@ -43,12 +43,13 @@ def test_lazy_reexports_still_resolve() -> None:
 def test_no_strategy_or_client_module_imports_torch() -> None:
     """A ServerApp or a device whose model is not torch pays nothing for torch (about 2.3 s of CPU to import, on
     every message of a deployment, where each message is a fresh `flwr-clientapp` process): the modules import it
-    where a torch model is trained or built. FedREP's server side (server_step, model_crc, ...) is numpy."""
+    where a torch model is trained or built. FedREP's server side (server_step, model_crc, ...) is numpy. Private
+    files are left out: test_layering's probe writes one into clients/ for a moment, maybe beside this test."""
     import fedpdm_flower.clients
     import fedpdm_flower.strategies
 
     mods = [f"{pkg.__name__}.{p.stem}" for pkg in (fedpdm_flower.strategies, fedpdm_flower.clients)
-            for p in sorted(Path(pkg.__file__).parent.glob("*.py")) if p.stem != "__init__"]
+            for p in sorted(Path(pkg.__file__).parent.glob("*.py")) if not p.stem.startswith("_")]
     assert "fedpdm_flower.strategies.fedrep" in mods and "fedpdm_flower.clients.fedrep" in mods
     code = f"import importlib, sys\nfor m in {mods!r}: importlib.import_module(m)\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
